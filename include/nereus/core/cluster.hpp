@@ -1,0 +1,30 @@
+#pragma once
+// Cluster descriptions (interfaces.md, "Cluster").
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace nereus {
+
+/// A cluster: nodes of identical GPUs; bandwidths in GB/s (10^9 B/s), one direction.
+struct ClusterSpec {
+  std::string name;
+  int nodes = 1;
+  int gpus_per_node = 8;
+  std::string gpu_name;
+  double gpu_memory_gib = 0;
+  double gpu_bf16_tflops = 0;
+  double hbm_gbps = 0;
+  double intra_node_gbps = 0;  ///< per GPU
+  double inter_node_gbps = 0;  ///< per NIC
+  int nics_per_node = 1;
+
+  std::int64_t gpus() const { return static_cast<std::int64_t>(nodes) * gpus_per_node; }
+  int node_of(std::int64_t device) const { return static_cast<int>(device / gpus_per_node); }
+};
+
+ClusterSpec parse_cluster(std::string_view json_text, std::string_view origin);
+/// A path to a cluster JSON, or a preset name (e.g. "h200-node").
+ClusterSpec load_cluster(std::string_view arg);
+
+}  // namespace nereus

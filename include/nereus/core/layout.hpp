@@ -1,0 +1,60 @@
+#pragma once
+// Layouts (tp, pp, layer partition, packing) and the layout spec string of interfaces.md.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nereus/core/box.hpp"
+#include "nereus/core/model.hpp"
+
+namespace nereus {
+
+/// Global GPU (device) id.
+using DeviceId = std::int32_t;
+
+/// How a unit stores its shards locally (sharding.md, "Local packing").
+enum class Packing : std::uint8_t { hf, fused };
+
+std::string_view to_string(Packing p);
+
+/// Parallel layout of one unit: TP degree, PP degree, layers per stage, packing.
+struct Layout {
+  int tp = 1;
+  int pp = 1;
+  std::vector<int> partition;  ///< layers per stage; empty: part(L, pp, s)
+  Packing packing = Packing::hf;
+
+  int size() const { return tp * pp; }
+  /// Layers [lo, hi) held by pipeline stage s of a model with L layers.
+  Range stage_layers(int s, std::int64_t L) const;
+  /// Pipeline stage holding layer l.
+  int stage_of(std::int64_t layer, std::int64_t L) const;
+  /// Same shards (packing aside).
+  bool same_sharding(const Layout& o) const {
+    return tp == o.tp && pp == o.pp && partition == o.partition;
+  }
+  bool operator==(const Layout&) const = default;
+};
+
+/// Throws Error unless `layout` is valid for `model` (sharding.md validity rules).
+void validate_layout(const ModelConfig& model, const Layout& layout);
+
+/// A parsed layout spec: layout, dp degree and the concatenated R lists.
+struct CollectionSpec {
+  Layout layout;
+  int dp = 1;
+  std::vector<DeviceId> devices;  ///< tp·pp·dp ids; filled with 0.. when not given
+};
+
+/// Parses `tp=T,pp=P,dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused]`.
+/// Every error names the offending key and value.
+CollectionSpec parse_collection_spec(std::string_view spec);
+
+/// Spec string of a collection spec (devices written as ranges where consecutive).
+std::string to_string(const CollectionSpec& spec);
+std::string to_string(const Layout& layout);
+/// "0-7" / "0:4:1:5" style list.
+std::string device_list_string(const std::vector<DeviceId>& devices);
+
+}  // namespace nereus

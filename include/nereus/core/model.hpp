@@ -1,0 +1,95 @@
+#pragma once
+// Model specs: a Hugging Face config.json reduced to what sharding needs, and the tensor
+// list it implies (sharding.md, "Tensors").
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "nereus/core/dtype.hpp"
+
+namespace nereus {
+
+/// Architecture families whose tensor lists sharding.md defines.
+enum class Arch : std::uint8_t { llama, qwen2, qwen3 };
+
+std::string_view to_string(Arch a);
+
+/// The fields of config.json that determine tensors and shards.
+struct ModelConfig {
+  Arch arch = Arch::llama;
+  std::int64_t hidden = 0;        ///< H
+  std::int64_t intermediate = 0;  ///< I
+  std::int64_t layers = 0;        ///< L
+  std::int64_t heads = 0;         ///< nh
+  std::int64_t kv_heads = 0;      ///< nkv
+  std::int64_t head_dim = 0;      ///< hd
+  std::int64_t vocab = 0;         ///< V
+  bool tied_embeddings = false;
+  bool qkv_bias = false;  ///< qwen2 always; llama with attention_bias
+  bool qk_norm = false;   ///< qwen3
+  DType dtype = DType::bf16;
+
+  bool operator==(const ModelConfig&) const = default;
+};
+
+/// Parses config.json text; `origin` names the file or preset in error messages.
+ModelConfig parse_model_config(std::string_view json_text, std::string_view origin);
+
+/// What a tensor is; decides its TP rule and its pipeline stage.
+enum class TensorKind : std::uint8_t {
+  embed, input_norm, q, q_bias, k, k_bias, v, v_bias, q_norm, k_norm, o, post_norm,
+  gate, up, down, final_norm, lm_head
+};
+
+/// One Hugging Face tensor: name, kind, layer (-1 outside layers) and shape.
+struct TensorInfo {
+  std::string name;
+  TensorKind kind;
+  std::int32_t layer;
+  int rank;                          ///< 1 or 2
+  std::array<std::int64_t, 2> shape; ///< [out, in]; shape[1] unused when rank is 1
+  std::int64_t elements() const { return rank == 1 ? shape[0] : shape[0] * shape[1]; }
+};
+
+/// Index of a tensor in ModelSpec::tensors.
+using TensorId = std::uint32_t;
+
+/// A model: its config and the tensor list of sharding.md, in a fixed order
+/// (embedding, each layer in order, final norm, lm_head).
+class ModelSpec {
+ public:
+  ModelSpec(std::string name, ModelConfig config);
+
+  const std::string& name() const { return name_; }
+  const ModelConfig& config() const { return config_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo& tensor(TensorId id) const { return tensors_[id]; }
+  /// Per-layer kinds present in this architecture, in tensor-list order.
+  const std::vector<TensorKind>& layer_kinds() const { return layer_kinds_; }
+  /// The tensor of `kind` in `layer` (layer ignored for non-layer kinds), if present.
+  std::optional<TensorId> find(TensorKind kind, std::int32_t layer = -1) const;
+  std::optional<TensorId> find(std::string_view name) const;
+  /// Parameter count of one full replica (a tied embedding counted once).
+  std::int64_t parameters() const;
+
+ private:
+  std::string name_;
+  ModelConfig config_;
+  std::vector<TensorInfo> tensors_;
+  std::vector<TensorKind> layer_kinds_;
+  std::array<std::int32_t, 17> kind_slot_{};  // position of a per-layer kind in a layer, -1 if absent
+  std::unordered_map<std::string, TensorId> by_name_;
+};
+
+/// Loads `arg`: a path to a config.json, or the name of a built-in preset.
+std::shared_ptr<const ModelSpec> load_model(std::string_view arg);
+
+/// True when two models have the same tensors and shards (names of origin may differ).
+inline bool same_model(const ModelSpec& a, const ModelSpec& b) { return a.config() == b.config(); }
+
+}  // namespace nereus

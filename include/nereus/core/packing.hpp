@@ -1,0 +1,34 @@
+#pragma once
+// Local buffers of a unit position under a packing (sharding.md, "Local packing"): which
+// buffer holds a tensor's shard and at which element it starts.
+#include <string>
+#include <vector>
+
+#include "nereus/core/box.hpp"
+#include "nereus/core/layout.hpp"
+#include "nereus/core/model.hpp"
+
+namespace nereus {
+
+/// Where a tensor's local shard sits: buffer (named by its first tensor), start element
+/// in that buffer, and the shard's global box.
+struct ShardPlace {
+  TensorId buffer;    ///< first tensor of the buffer (q for fused qkv, gate for gate_up)
+  std::int64_t base;  ///< element offset of the shard's first element in the buffer
+  Box shard;
+};
+
+/// Place of tensor t at (tp, rank r) under `packing`. The stage must hold t.
+ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int r);
+
+/// Name of the local buffer that starts with tensor `buffer` under `packing`
+/// (e.g. "model.layers.3.self_attn.qkv_proj.weight").
+std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing);
+
+/// Tensors stored in buffer `buffer` under `packing`, in order (one for hf).
+std::vector<TensorId> buffer_parts(const ModelSpec& m, TensorId buffer, Packing packing);
+
+/// Whether tensor t is the first tensor of its buffer under `packing`.
+bool starts_buffer(const ModelSpec& m, TensorId t, Packing packing);
+
+}  // namespace nereus

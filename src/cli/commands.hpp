@@ -1,0 +1,12 @@
+#pragma once
+// Sub-commands of the `nereus` front end. Each registers its options and a callback
+// that throws nereus::Error on bad input.
+#include <CLI/CLI.hpp>
+
+namespace nereus::cli {
+
+void add_plan_command(CLI::App& app);
+void add_model_command(CLI::App& app);
+void add_presets_command(CLI::App& app);
+
+}  // namespace nereus::cli

@@ -1,0 +1,27 @@
+// `nereus`: the command-line front end.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "nereus/core/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Nereus: adaptive parallelism for LLM post-training"};
+  app.require_subcommand(1);
+  nereus::cli::add_plan_command(app);
+  nereus::cli::add_model_command(app);
+  nereus::cli::add_presets_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const nereus::Error& e) {
+    std::fprintf(stderr, "nereus: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nereus: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

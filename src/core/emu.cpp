@@ -1,0 +1,63 @@
+#include "nereus/core/emu.hpp"
+
+#include <unordered_set>
+
+#include "nereus/core/error.hpp"
+
+namespace nereus {
+
+std::string_view to_string(Slot s) {
+  switch (s) {
+    case Slot::param: return "param";
+    case Slot::master: return "master";
+    case Slot::exp_avg: return "exp_avg";
+    case Slot::exp_avg_sq: return "exp_avg_sq";
+  }
+  return "?";
+}
+
+DType slot_dtype(Slot s, DType param_dtype) { return s == Slot::param ? param_dtype : DType::f32; }
+
+Collection Collection::from_spec(std::shared_ptr<const ModelSpec> model, std::string model_stage,
+                                 const CollectionSpec& spec, bool train) {
+  Collection c{std::move(model), std::move(model_stage), train, {}};
+  const std::size_t n = static_cast<std::size_t>(spec.layout.size());
+  for (int j = 0; j < spec.dp; ++j) {
+    Emu u{spec.layout, {}};
+    u.gpus.assign(spec.devices.begin() + static_cast<std::ptrdiff_t>(j * n),
+                  spec.devices.begin() + static_cast<std::ptrdiff_t>((j + 1) * n));
+    c.units.push_back(std::move(u));
+  }
+  c.validate();
+  return c;
+}
+
+std::vector<DeviceId> Collection::devices() const {
+  std::vector<DeviceId> out;
+  for (const auto& u : units) out.insert(out.end(), u.gpus.begin(), u.gpus.end());
+  return out;
+}
+
+void Collection::validate(std::int64_t device_count) const {
+  if (!model) throw Error("model-stage '" + model_stage + "' has no model");
+  if (units.empty()) throw Error("model-stage '" + model_stage + "' has no units");
+  std::unordered_set<DeviceId> seen;
+  for (std::size_t j = 0; j < units.size(); ++j) {
+    const Emu& u = units[j];
+    validate_layout(model->config(), u.layout);
+    if (static_cast<int>(u.gpus.size()) != u.layout.size())
+      throw Error("model-stage '" + model_stage + "' unit " + std::to_string(j) + " has " +
+                  std::to_string(u.gpus.size()) + " GPUs but tp·pp = " + std::to_string(u.layout.size()));
+    for (DeviceId d : u.gpus) {
+      if (d < 0) throw Error("model-stage '" + model_stage + "': device id " + std::to_string(d) + " is negative");
+      if (device_count > 0 && d >= device_count)
+        throw Error("model-stage '" + model_stage + "': device id " + std::to_string(d) +
+                    " is out of range (the cluster has " + std::to_string(device_count) + " GPUs)");
+      if (!seen.insert(d).second)
+        throw Error("model-stage '" + model_stage + "': device " + std::to_string(d) +
+                    " is used twice (units must be on disjoint GPUs)");
+    }
+  }
+}
+
+}  // namespace nereus

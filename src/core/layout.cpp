@@ -1,0 +1,189 @@
+#include "nereus/core/layout.hpp"
+
+#include <charconv>
+#include <set>
+
+#include "nereus/core/error.hpp"
+
+namespace nereus {
+
+std::string_view to_string(Packing p) { return p == Packing::hf ? "hf" : "fused"; }
+
+Range Layout::stage_layers(int s, std::int64_t L) const {
+  if (partition.empty()) return part(L, pp, s);
+  std::int64_t lo = 0;
+  for (int i = 0; i < s; ++i) lo += partition[i];
+  return {lo, lo + partition[s]};
+}
+
+int Layout::stage_of(std::int64_t layer, std::int64_t L) const {
+  if (partition.empty()) {
+    // Largest s with floor(s·L/pp) <= layer.
+    int s = static_cast<int>(((layer + 1) * pp - 1) / L);
+    while (s > 0 && part(L, pp, s).lo > layer) --s;
+    while (s + 1 < pp && part(L, pp, s + 1).lo <= layer) ++s;
+    return s;
+  }
+  std::int64_t hi = 0;
+  for (int s = 0; s < pp; ++s) {
+    hi += partition[s];
+    if (layer < hi) return s;
+  }
+  return pp - 1;
+}
+
+void validate_layout(const ModelConfig& m, const Layout& l) {
+  const std::string spec = to_string(l);
+  if (l.tp < 1) throw Error("layout " + spec + ": tp must be at least 1");
+  if (l.pp < 1) throw Error("layout " + spec + ": pp must be at least 1");
+  if (m.heads % l.tp != 0)
+    throw Error("layout " + spec + ": tp=" + std::to_string(l.tp) +
+                " does not divide num_attention_heads=" + std::to_string(m.heads));
+  if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0)
+    throw Error("layout " + spec + ": tp=" + std::to_string(l.tp) +
+                " neither divides nor is a multiple of num_key_value_heads=" +
+                std::to_string(m.kv_heads));
+  if (l.pp > m.layers)
+    throw Error("layout " + spec + ": pp=" + std::to_string(l.pp) + " exceeds num_hidden_layers=" +
+                std::to_string(m.layers));
+  if (!l.partition.empty()) {
+    if (static_cast<int>(l.partition.size()) != l.pp)
+      throw Error("layout " + spec + ": partition has " + std::to_string(l.partition.size()) +
+                  " stages but pp=" + std::to_string(l.pp));
+    std::int64_t sum = 0;
+    for (int n : l.partition) {
+      if (n < 1) throw Error("layout " + spec + ": partition stage with " + std::to_string(n) + " layers");
+      sum += n;
+    }
+    if (sum != m.layers)
+      throw Error("layout " + spec + ": partition sums to " + std::to_string(sum) +
+                  " layers but the model has " + std::to_string(m.layers));
+  }
+}
+
+namespace {
+
+int parse_int(std::string_view key, std::string_view v) {
+  int n = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || p != v.data() + v.size() || v.empty())
+    throw Error("layout spec: " + std::string(key) + "=" + std::string(v) + " is not an integer");
+  return n;
+}
+
+int parse_positive(std::string_view key, std::string_view v) {
+  const int n = parse_int(key, v);
+  if (n < 1) throw Error("layout spec: " + std::string(key) + "=" + std::string(v) + " must be at least 1");
+  return n;
+}
+
+std::vector<DeviceId> parse_devices(std::string_view v) {
+  if (v.empty()) throw Error("layout spec: devices= is empty");
+  std::vector<DeviceId> out;
+  std::size_t start = 0;
+  while (start <= v.size()) {
+    const std::size_t end = std::min(v.find(':', start), v.size());
+    const std::string_view item = v.substr(start, end - start);
+    const std::string what = "devices=" + std::string(v);
+    if (const auto dash = item.find('-'); dash != std::string_view::npos && dash > 0) {
+      const int a = parse_int(what, item.substr(0, dash));
+      const int b = parse_int(what, item.substr(dash + 1));
+      if (b < a) throw Error("layout spec: devices range '" + std::string(item) + "' is descending");
+      if (b - a > (1 << 20)) throw Error("layout spec: devices range '" + std::string(item) + "' is too long");
+      for (int d = a; d <= b; ++d) out.push_back(d);
+    } else {
+      const int d = parse_int(what, item);
+      if (d < 0) throw Error("layout spec: device id " + std::to_string(d) + " in devices=" + std::string(v) + " is negative");
+      out.push_back(d);
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+CollectionSpec parse_collection_spec(std::string_view spec) {
+  CollectionSpec out;
+  std::set<std::string> seen;
+  bool have_devices = false;
+  std::size_t start = 0;
+  if (spec.empty()) throw Error("layout spec is empty (expected tp=T,pp=P,dp=D)");
+  while (start <= spec.size()) {
+    const std::size_t end = std::min(spec.find(',', start), spec.size());
+    const std::string_view item = spec.substr(start, end - start);
+    start = end + 1;
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos)
+      throw Error("layout spec: '" + std::string(item) + "' is not key=value");
+    const std::string key(item.substr(0, eq));
+    const std::string_view value = item.substr(eq + 1);
+    if (!seen.insert(key).second) throw Error("layout spec: key '" + key + "' given twice");
+    if (key == "tp") out.layout.tp = parse_positive(key, value);
+    else if (key == "pp") out.layout.pp = parse_positive(key, value);
+    else if (key == "dp") out.dp = parse_positive(key, value);
+    else if (key == "devices") { out.devices = parse_devices(value); have_devices = true; }
+    else if (key == "partition") {
+      std::size_t s = 0;
+      while (s <= value.size()) {
+        const std::size_t e = std::min(value.find('/', s), value.size());
+        out.layout.partition.push_back(parse_positive("partition", value.substr(s, e - s)));
+        s = e + 1;
+      }
+    } else if (key == "packing") {
+      if (value == "hf") out.layout.packing = Packing::hf;
+      else if (value == "fused") out.layout.packing = Packing::fused;
+      else throw Error("layout spec: packing=" + std::string(value) + " is not hf or fused");
+    } else {
+      throw Error("layout spec: unknown key '" + key + "' (known: tp, pp, dp, devices, partition, packing)");
+    }
+  }
+  if (!out.layout.partition.empty() && static_cast<int>(out.layout.partition.size()) != out.layout.pp)
+    throw Error("layout spec: partition= has " + std::to_string(out.layout.partition.size()) +
+                " stages but pp=" + std::to_string(out.layout.pp));
+  const std::int64_t need = static_cast<std::int64_t>(out.layout.size()) * out.dp;
+  if (need > (1 << 22)) throw Error("layout spec: tp·pp·dp = " + std::to_string(need) + " devices is too many");
+  if (have_devices) {
+    if (static_cast<std::int64_t>(out.devices.size()) != need)
+      throw Error("layout spec: devices= lists " + std::to_string(out.devices.size()) +
+                  " ids but tp·pp·dp = " + std::to_string(need));
+    std::set<DeviceId> uniq;
+    for (DeviceId d : out.devices)
+      if (!uniq.insert(d).second)
+        throw Error("layout spec: device " + std::to_string(d) + " appears twice in devices=");
+  } else {
+    for (std::int64_t i = 0; i < need; ++i) out.devices.push_back(static_cast<DeviceId>(i));
+  }
+  return out;
+}
+
+std::string device_list_string(const std::vector<DeviceId>& d) {
+  std::string s;
+  for (std::size_t i = 0; i < d.size();) {
+    std::size_t j = i;
+    while (j + 1 < d.size() && d[j + 1] == d[j] + 1) ++j;
+    if (!s.empty()) s += ":";
+    s += std::to_string(d[i]);
+    if (j > i + 1) s += "-" + std::to_string(d[j]);
+    else if (j == i + 1) s += ":" + std::to_string(d[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+std::string to_string(const Layout& l) {
+  std::string s = "tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp);
+  if (!l.partition.empty()) {
+    s += ",partition=";
+    for (std::size_t i = 0; i < l.partition.size(); ++i)
+      s += (i ? "/" : "") + std::to_string(l.partition[i]);
+  }
+  if (l.packing != Packing::hf) s += ",packing=" + std::string(to_string(l.packing));
+  return s;
+}
+
+std::string to_string(const CollectionSpec& c) {
+  return to_string(c.layout) + ",dp=" + std::to_string(c.dp) + ",devices=" + device_list_string(c.devices);
+}
+
+}  // namespace nereus

@@ -1,0 +1,171 @@
+#include "nereus/core/model.hpp"
+
+#include "json_fields.hpp"
+#include "nereus/core/error.hpp"
+#include "nereus/core/presets.hpp"
+
+namespace nereus {
+
+using detail::json;
+
+std::string_view to_string(Arch a) {
+  switch (a) {
+    case Arch::llama: return "llama";
+    case Arch::qwen2: return "qwen2";
+    case Arch::qwen3: return "qwen3";
+  }
+  return "?";
+}
+
+namespace {
+
+Arch parse_arch(const json& j, std::string_view origin) {
+  std::string type;
+  if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) throw Error(std::string(origin) + ": field 'model_type' must be a string");
+    type = it->get<std::string>();
+  } else if (auto a = j.find("architectures"); a != j.end() && a->is_array() && !a->empty() &&
+                                                 (*a)[0].is_string()) {
+    const std::string cls = (*a)[0].get<std::string>();
+    if (cls == "LlamaForCausalLM") type = "llama";
+    else if (cls == "Qwen2ForCausalLM") type = "qwen2";
+    else if (cls == "Qwen3ForCausalLM") type = "qwen3";
+    else throw Error(std::string(origin) + ": unknown architecture '" + cls +
+                     "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+  } else {
+    throw Error(std::string(origin) + ": missing required field 'model_type' (or 'architectures')");
+  }
+  if (type == "llama") return Arch::llama;
+  if (type == "qwen2") return Arch::qwen2;
+  if (type == "qwen3") return Arch::qwen3;
+  throw Error(std::string(origin) + ": unknown architecture '" + type +
+              "' in 'model_type' (supported: llama, qwen2, qwen3)");
+}
+
+DType parse_dtype(const json& j, std::string_view origin) {
+  const char* key = j.contains("torch_dtype") ? "torch_dtype" : "dtype";
+  if (!j.contains(key)) key = "torch_dtype";  // name the classic field in the error
+  const std::string s = detail::string_field(j, key, origin);
+  if (s == "bfloat16") return DType::bf16;
+  if (s == "float16") return DType::f16;
+  if (s == "float32") return DType::f32;
+  throw Error(std::string(origin) + ": field '" + key + "' has unsupported dtype '" + s +
+              "' (supported: bfloat16, float16, float32)");
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(std::string_view json_text, std::string_view origin) {
+  const json j = detail::parse_json(json_text, origin);
+  if (!j.is_object()) throw Error(std::string(origin) + ": expected a JSON object");
+  ModelConfig c;
+  c.arch = parse_arch(j, origin);
+  c.hidden = detail::integer_field(j, "hidden_size", origin);
+  c.intermediate = detail::integer_field(j, "intermediate_size", origin);
+  c.layers = detail::integer_field(j, "num_hidden_layers", origin);
+  c.heads = detail::integer_field(j, "num_attention_heads", origin);
+  c.vocab = detail::integer_field(j, "vocab_size", origin);
+  c.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                   ? detail::integer_field(j, "num_key_value_heads", origin)
+                   : c.heads;
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    c.head_dim = detail::integer_field(j, "head_dim", origin);
+  } else {
+    if (c.hidden % c.heads != 0)
+      throw Error(std::string(origin) + ": 'head_dim' is absent and hidden_size " +
+                  std::to_string(c.hidden) + " is not a multiple of num_attention_heads " +
+                  std::to_string(c.heads));
+    c.head_dim = c.hidden / c.heads;
+  }
+  if (c.kv_heads > c.heads || c.heads % c.kv_heads != 0)
+    throw Error(std::string(origin) + ": num_key_value_heads " + std::to_string(c.kv_heads) +
+                " must divide num_attention_heads " + std::to_string(c.heads));
+  c.tied_embeddings = detail::bool_field(j, "tie_word_embeddings", false, origin);
+  c.qkv_bias = c.arch == Arch::qwen2 ||
+               (c.arch == Arch::llama && detail::bool_field(j, "attention_bias", false, origin));
+  c.qk_norm = c.arch == Arch::qwen3;
+  c.dtype = parse_dtype(j, origin);
+  return c;
+}
+
+ModelSpec::ModelSpec(std::string name, ModelConfig config)
+    : name_(std::move(name)), config_(config) {
+  const auto& c = config_;
+  const std::int64_t H = c.hidden, q_rows = c.heads * c.head_dim, kv_rows = c.kv_heads * c.head_dim;
+  auto add = [&](std::string n, TensorKind k, std::int32_t layer, int rank, std::int64_t a,
+                 std::int64_t b) {
+    by_name_.emplace(n, static_cast<TensorId>(tensors_.size()));
+    tensors_.push_back({std::move(n), k, layer, rank, {a, rank == 2 ? b : 0}});
+  };
+  using K = TensorKind;
+  layer_kinds_ = {K::input_norm, K::q};
+  if (c.qkv_bias) layer_kinds_.push_back(K::q_bias);
+  layer_kinds_.push_back(K::k);
+  if (c.qkv_bias) layer_kinds_.push_back(K::k_bias);
+  layer_kinds_.push_back(K::v);
+  if (c.qkv_bias) layer_kinds_.push_back(K::v_bias);
+  if (c.qk_norm) layer_kinds_.insert(layer_kinds_.end(), {K::q_norm, K::k_norm});
+  layer_kinds_.insert(layer_kinds_.end(), {K::o, K::post_norm, K::gate, K::up, K::down});
+  kind_slot_.fill(-1);
+  for (std::size_t i = 0; i < layer_kinds_.size(); ++i)
+    kind_slot_[static_cast<int>(layer_kinds_[i])] = static_cast<std::int32_t>(i);
+
+  add("model.embed_tokens.weight", K::embed, -1, 2, c.vocab, H);
+  for (std::int32_t l = 0; l < c.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (K k : layer_kinds_) {
+      switch (k) {
+        case K::input_norm: add(p + "input_layernorm.weight", k, l, 1, H, 0); break;
+        case K::q: add(p + "self_attn.q_proj.weight", k, l, 2, q_rows, H); break;
+        case K::q_bias: add(p + "self_attn.q_proj.bias", k, l, 1, q_rows, 0); break;
+        case K::k: add(p + "self_attn.k_proj.weight", k, l, 2, kv_rows, H); break;
+        case K::k_bias: add(p + "self_attn.k_proj.bias", k, l, 1, kv_rows, 0); break;
+        case K::v: add(p + "self_attn.v_proj.weight", k, l, 2, kv_rows, H); break;
+        case K::v_bias: add(p + "self_attn.v_proj.bias", k, l, 1, kv_rows, 0); break;
+        case K::q_norm: add(p + "self_attn.q_norm.weight", k, l, 1, c.head_dim, 0); break;
+        case K::k_norm: add(p + "self_attn.k_norm.weight", k, l, 1, c.head_dim, 0); break;
+        case K::o: add(p + "self_attn.o_proj.weight", k, l, 2, H, q_rows); break;
+        case K::post_norm: add(p + "post_attention_layernorm.weight", k, l, 1, H, 0); break;
+        case K::gate: add(p + "mlp.gate_proj.weight", k, l, 2, c.intermediate, H); break;
+        case K::up: add(p + "mlp.up_proj.weight", k, l, 2, c.intermediate, H); break;
+        case K::down: add(p + "mlp.down_proj.weight", k, l, 2, H, c.intermediate); break;
+        default: break;
+      }
+    }
+  }
+  add("model.norm.weight", K::final_norm, -1, 1, H, 0);
+  if (!c.tied_embeddings) add("lm_head.weight", K::lm_head, -1, 2, c.vocab, H);
+}
+
+std::optional<TensorId> ModelSpec::find(TensorKind kind, std::int32_t layer) const {
+  switch (kind) {
+    case TensorKind::embed: return 0;
+    case TensorKind::final_norm: return static_cast<TensorId>(1 + config_.layers * layer_kinds_.size());
+    case TensorKind::lm_head:
+      if (config_.tied_embeddings) return std::nullopt;
+      return static_cast<TensorId>(2 + config_.layers * layer_kinds_.size());
+    default: break;
+  }
+  const std::int32_t slot = kind_slot_[static_cast<int>(kind)];
+  if (slot < 0 || layer < 0 || layer >= config_.layers) return std::nullopt;
+  return static_cast<TensorId>(1 + layer * layer_kinds_.size() + slot);
+}
+
+std::optional<TensorId> ModelSpec::find(std::string_view name) const {
+  auto it = by_name_.find(std::string(name));
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::int64_t ModelSpec::parameters() const {
+  std::int64_t n = 0;
+  for (const auto& t : tensors_) n += t.elements();
+  return n;
+}
+
+std::shared_ptr<const ModelSpec> load_model(std::string_view arg) {
+  const std::string text = read_file_or_preset(PresetKind::model, arg, "model");
+  return std::make_shared<const ModelSpec>(std::string(arg), parse_model_config(text, arg));
+}
+
+}  // namespace nereus

@@ -1,0 +1,63 @@
+#include "nereus/core/sharding.hpp"
+
+namespace nereus {
+
+int split_axis(TensorKind k) {
+  using K = TensorKind;
+  switch (k) {
+    case K::embed: case K::lm_head: case K::q: case K::q_bias: case K::k: case K::k_bias:
+    case K::v: case K::v_bias: case K::gate: case K::up:
+      return 0;
+    case K::o: case K::down:
+      return 1;
+    default:
+      return -1;
+  }
+}
+
+namespace {
+Range kv_heads_of_rank(const ModelConfig& m, int tp, int r) {
+  if (tp <= m.kv_heads) return part(m.kv_heads, tp, r);
+  const std::int64_t h = static_cast<std::int64_t>(r) * m.kv_heads / tp;
+  return {h, h + 1};
+}
+Range times(Range r, std::int64_t f) { return {r.lo * f, r.hi * f}; }
+}  // namespace
+
+Range tp_range(const ModelConfig& m, const TensorInfo& t, int tp, int r) {
+  using K = TensorKind;
+  switch (t.kind) {
+    case K::embed: case K::lm_head: return part(m.vocab, tp, r);
+    case K::q: case K::q_bias: case K::o: return times(part(m.heads, tp, r), m.head_dim);
+    case K::k: case K::k_bias: case K::v: case K::v_bias:
+      return times(kv_heads_of_rank(m, tp, r), m.head_dim);
+    case K::gate: case K::up: case K::down: return part(m.intermediate, tp, r);
+    default: return {0, t.shape[0]};
+  }
+}
+
+std::int64_t slab_width(const TensorInfo& t) {
+  if (t.rank == 1) return 1;
+  return split_axis(t.kind) == 1 ? t.shape[0] : t.shape[1];
+}
+
+bool stage_holds(const ModelConfig& m, const Layout& l, int s, const TensorInfo& t) {
+  switch (t.kind) {
+    case TensorKind::embed: return s == 0 || (m.tied_embeddings && s == l.pp - 1);
+    case TensorKind::final_norm: case TensorKind::lm_head: return s == l.pp - 1;
+    default: return l.stage_of(t.layer, m.layers) == s;
+  }
+}
+
+Box slab_box(const TensorInfo& t, Range range) {
+  Box b = t.rank == 1 ? Box::of_shape({t.shape[0]}) : Box::of_shape({t.shape[0], t.shape[1]});
+  b.dims[split_axis(t.kind) == 1 ? 1 : 0] = range;
+  return b;
+}
+
+std::optional<Box> shard_box(const ModelConfig& m, const Layout& l, int s, int r, const TensorInfo& t) {
+  if (!stage_holds(m, l, s, t)) return std::nullopt;
+  return slab_box(t, tp_range(m, t, l.tp, r));
+}
+
+}  // namespace nereus

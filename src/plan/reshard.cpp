@@ -1,0 +1,299 @@
+#include "nereus/plan/reshard.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_set>
+
+#include "nereus/core/error.hpp"
+#include "nereus/core/packing.hpp"
+#include "nereus/core/sharding.hpp"
+#include "piece.hpp"
+
+namespace nereus {
+
+LinkModel LinkModel::of(const ClusterSpec& c) {
+  LinkModel m;
+  m.gpus_per_node = c.gpus_per_node;
+  m.intra_node_gbps = c.intra_node_gbps;
+  m.inter_node_gbps = c.inter_node_gbps;
+  m.nics_per_node = c.nics_per_node;
+  m.hbm_gbps = c.hbm_gbps;
+  return m;
+}
+
+ReshardPlan::ReshardPlan() = default;
+ReshardPlan::ReshardPlan(ReshardPlan&&) noexcept = default;
+ReshardPlan& ReshardPlan::operator=(ReshardPlan&&) noexcept = default;
+ReshardPlan::~ReshardPlan() = default;
+
+const Collection& ReshardPlan::target() const { return index_->target; }
+std::span<const Collection> ReshardPlan::sources() const { return index_->sources; }
+
+namespace {
+
+/// Whether a tensor of this kind sits alone in its buffer under `packing`.
+bool alone_in_buffer(TensorKind k, Packing p) {
+  if (p == Packing::hf) return true;
+  switch (k) {
+    case TensorKind::q: case TensorKind::k: case TensorKind::v: case TensorKind::q_bias:
+    case TensorKind::k_bias: case TensorKind::v_bias: case TensorKind::gate: case TensorKind::up:
+      return false;
+    default: return true;
+  }
+}
+
+/// Per-device counters while planning.
+struct Load {
+  std::uint64_t send_intra = 0, send_inter = 0, recv_intra = 0, recv_inter = 0, local = 0;
+  std::uint64_t transfers = 0;
+  std::uint64_t send() const { return send_intra + send_inter; }
+};
+
+/// The planning loop: for each template, slot group and destination position, cover the
+/// destination range with what its own device holds, then the gaps with the best sender.
+class Planner {
+ public:
+  Planner(const ReshardIndex& ix, std::vector<Piece>& out)
+      : ix_(ix), out_(out), load_(static_cast<std::size_t>(ix.max_device) + 1) {}
+
+  void run(ReshardSummary& sum) {
+    for (std::uint32_t t = 0; t < ix_.templates.size(); ++t)
+      for (std::uint8_t g = 0; g < ix_.groups.size(); ++g) plan_template(t, g);
+    sum = sum_;
+  }
+  const std::vector<Load>& load() const { return load_; }
+
+ private:
+  struct Local {
+    Range range;
+    std::uint32_t holding;
+  };
+
+  bool holds(const Holding& h, const Template& t, const SlotGroup& g) const {
+    return g.eligible[h.c] && t.stages[h.layout].has(h.s);
+  }
+
+  void plan_template(std::uint32_t ti, std::uint8_t gi) {
+    const Template& t = ix_.templates[ti];
+    const SlotGroup& g = ix_.groups[gi];
+    const std::uint64_t per_elem = g.bytes_per_element * t.tensors.size() * static_cast<std::uint64_t>(t.slab_width);
+    const std::uint64_t copies = g.slots.size() * t.tensors.size();
+    for (std::uint32_t u = 0; u < ix_.target.units.size(); ++u) {
+      const Emu& e = ix_.target.units[u];
+      const int lay = ix_.target_layout[u];
+      const StageSet& ss = t.stages[lay];
+      for (int si = 0; si < ss.n; ++si)
+        for (int r = 0; r < e.layout.tp; ++r) {
+          Piece base{ti, u, static_cast<std::uint16_t>(ss.s[si]), static_cast<std::uint16_t>(r), gi,
+                     false, false, 0, e.device(ss.s[si], r), {}};
+          plan_destination(t, g, base, ix_.ranges(lay, t.kind)[r], e.layout.packing, per_elem, copies);
+        }
+    }
+  }
+
+  void plan_destination(const Template& t, const SlotGroup& g, Piece base, Range want,
+                        Packing dst_packing, std::uint64_t per_elem, std::uint64_t copies) {
+    if (want.empty()) return;
+    sum_.target_bytes += want.size() * per_elem;
+    locals_.clear();
+    for (std::uint32_t hi : ix_.by_device.of(base.dst)) {
+      const Holding& h = ix_.holdings[hi];
+      if (!holds(h, t, g)) continue;
+      const Range have = ix_.ranges(h.layout, t.kind)[h.r];
+      if (!have.intersect(want).empty()) locals_.push_back({have, hi});
+    }
+    std::stable_sort(locals_.begin(), locals_.end(),
+                     [](const Local& a, const Local& b) { return a.range.lo < b.range.lo; });
+    std::int64_t cur = want.lo;
+    for (const Local& l : locals_) {
+      const Range part = l.range.intersect(want);
+      if (part.hi <= cur) continue;
+      if (part.lo > cur) plan_gap(t, g, base, {cur, part.lo}, per_elem, copies);
+      const Holding& h = ix_.holdings[l.holding];
+      Piece p = base;
+      p.local = true;
+      p.holding = l.holding;
+      p.range = {std::max(cur, part.lo), part.hi};
+      p.keep = l.range == want && p.range == want &&
+               alone_in_buffer(t.kind, ix_.sources[h.c].units[h.u].layout.packing) &&
+               alone_in_buffer(t.kind, dst_packing);
+      const std::uint64_t bytes = p.range.size() * per_elem;
+      sum_.local_bytes += bytes;
+      if (p.keep) sum_.kept_bytes += bytes;
+      else sum_.local_copy_count += copies;
+      load_[base.dst].local += p.keep ? 0 : bytes;
+      out_.push_back(p);
+      cur = part.hi;
+    }
+    if (cur < want.hi) plan_gap(t, g, base, {cur, want.hi}, per_elem, copies);
+  }
+
+  /// Covers a range the destination device lacks: same node first, then the sender
+  /// with the least send load so far; each piece as long as its sender's range allows.
+  void plan_gap(const Template& t, const SlotGroup& g, const Piece& base, Range gap,
+                std::uint64_t per_elem, std::uint64_t copies) {
+    sum_.lower_bound_bytes += gap.size() * per_elem;
+    const int node = ix_.node_of(base.dst);
+    std::int64_t x = gap.lo;
+    while (x < gap.hi) {
+      std::uint32_t best = UINT32_MAX;
+      std::uint64_t best_load = UINT64_MAX;
+      Range best_range{};
+      auto consider = [&](std::uint32_t hi) {
+        const Holding& h = ix_.holdings[hi];
+        const std::uint64_t l = load_[h.dev].send();
+        if (l < best_load) {
+          best = hi;
+          best_load = l;
+          best_range = ix_.ranges(h.layout, t.kind)[h.r];
+        }
+      };
+      for (std::uint32_t hi : ix_.by_node.of(node)) {
+        const Holding& h = ix_.holdings[hi];
+        if (holds(h, t, g) && ix_.ranges(h.layout, t.kind)[h.r].contains(x)) consider(hi);
+      }
+      if (best == UINT32_MAX) scan_all_sources(t, g, x, consider);
+      if (best == UINT32_MAX)
+        throw Error("no source model-stage holds element " + std::to_string(x) + " of " +
+                    ix_.model().tensor(t.tensors[0]).name);
+      Piece p = base;
+      p.holding = best;
+      p.range = {x, std::min(best_range.hi, gap.hi)};
+      const std::uint64_t bytes = p.range.size() * per_elem;
+      const Holding& h = ix_.holdings[best];
+      const bool inter = ix_.node_of(h.dev) != node;
+      sum_.moved_bytes += bytes;
+      sum_.transfer_count += copies;
+      if (inter) {
+        sum_.inter_node_bytes += bytes;
+        load_[h.dev].send_inter += bytes;
+        load_[base.dst].recv_inter += bytes;
+      } else {
+        load_[h.dev].send_intra += bytes;
+        load_[base.dst].recv_intra += bytes;
+      }
+      load_[h.dev].transfers += copies;
+      load_[base.dst].transfers += copies;
+      out_.push_back(p);
+      x = p.range.hi;
+    }
+  }
+
+  /// Every source position holding element x, in collection/unit/stage/rank order.
+  template <class F>
+  void scan_all_sources(const Template& t, const SlotGroup& g, std::int64_t x, F&& consider) const {
+    std::uint32_t hi = 0;  // holdings are laid out c, u, s, r in order
+    for (std::uint32_t c = 0; c < ix_.sources.size(); ++c)
+      for (std::uint32_t u = 0; u < ix_.sources[c].units.size(); ++u) {
+        const Layout& lay = ix_.sources[c].units[u].layout;
+        const int li = ix_.source_layout[c][u];
+        if (g.eligible[c]) {
+          const auto [r0, r1] = ix_.ranks_containing(li, t.kind, x);
+          const StageSet& ss = t.stages[li];
+          for (int si = 0; si < ss.n; ++si)
+            for (int r = r0; r < r1; ++r) consider(hi + static_cast<std::uint32_t>(ss.s[si] * lay.tp + r));
+        }
+        hi += static_cast<std::uint32_t>(lay.size());
+      }
+  }
+
+  const ReshardIndex& ix_;
+  std::vector<Piece>& out_;
+  std::vector<Load> load_;
+  std::vector<Local> locals_;
+  ReshardSummary sum_;
+};
+
+double estimate_seconds(const LinkModel& m, const std::vector<Load>& load, int gpus_per_node) {
+  double worst = 0;
+  std::uint64_t most_transfers = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> node_inter((load.size() + gpus_per_node - 1) / gpus_per_node);
+  for (std::size_t d = 0; d < load.size(); ++d) {
+    const Load& l = load[d];
+    const double intra = static_cast<double>(std::max(l.send_intra, l.recv_intra)) / (m.intra_node_gbps * 1e9);
+    const double local = 2.0 * static_cast<double>(l.local) / (m.hbm_gbps * 1e9);
+    worst = std::max({worst, intra, local});
+    most_transfers = std::max(most_transfers, l.transfers);
+    node_inter[d / gpus_per_node].first += l.send_inter;
+    node_inter[d / gpus_per_node].second += l.recv_inter;
+  }
+  for (auto [s, r] : node_inter)
+    worst = std::max(worst, static_cast<double>(std::max(s, r)) / (m.inter_node_gbps * m.nics_per_node * 1e9));
+  return worst + m.setup_seconds * static_cast<double>(most_transfers);
+}
+
+}  // namespace
+
+ReshardPlan plan_reshard(std::span<const Collection> sources, const Collection& target,
+                         const ReshardOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ReshardPlan plan;
+  auto index = std::make_unique<ReshardIndex>(sources, target, options.links.gpus_per_node);
+  Planner planner(*index, plan.pieces_);
+  planner.run(plan.summary_);
+  const auto& load = planner.load();
+  for (std::size_t d = 0; d < load.size(); ++d) {
+    const Load& l = load[d];
+    const std::uint64_t recv = l.recv_intra + l.recv_inter;
+    plan.summary_.max_device_send_bytes = std::max(plan.summary_.max_device_send_bytes, l.send());
+    plan.summary_.max_device_recv_bytes = std::max(plan.summary_.max_device_recv_bytes, recv);
+    if (l.send() || recv || l.local)
+      plan.traffic_.push_back({static_cast<DeviceId>(d), l.send(), recv, l.local});
+  }
+  plan.summary_.estimated_seconds = estimate_seconds(options.links, load, index->gpus_per_node);
+  plan.index_ = std::move(index);
+  plan.summary_.plan_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
+
+std::vector<DeviceTraffic> ReshardPlan::traffic() const { return traffic_; }
+
+template <class Keep>
+std::vector<Transfer> ReshardPlan::materialise(Keep&& keep) const {
+  const ReshardIndex& ix = *index_;
+  const ModelSpec& m = ix.model();
+  const DType dt = m.config().dtype;
+  std::vector<Transfer> out;
+  for (const Piece& p : pieces_) {
+    const Holding& h = ix.holdings[p.holding];
+    if (!keep(h.dev) && !keep(p.dst)) continue;
+    const Template& t = ix.templates[p.tmpl];
+    const Layout& src_layout = ix.sources[h.c].units[h.u].layout;
+    const Layout& dst_layout = ix.target.units[p.dst_unit].layout;
+    for (TensorId tensor : t.tensors) {
+      const TensorInfo& info = m.tensor(tensor);
+      const Box box = slab_box(info, p.range);
+      const ShardPlace sp = place_shard(m, tensor, src_layout, h.r);
+      const ShardPlace dp = place_shard(m, tensor, dst_layout, p.dst_rank);
+      for (Slot s : ix.groups[p.group].slots) {
+        Transfer x;
+        x.src = h.dev;
+        x.dst = p.dst;
+        x.source = h.c;
+        x.tensor = tensor;
+        x.slot = s;
+        x.box = box;
+        x.src_view = {sp.buffer, src_layout.packing, local_view(box, sp.shard, sp.base)};
+        x.dst_view = {dp.buffer, dst_layout.packing, local_view(box, dp.shard, dp.base)};
+        x.bytes = static_cast<std::uint64_t>(box.elements()) * width(slot_dtype(s, dt));
+        x.keep = p.keep;
+        out.push_back(x);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Transfer> ReshardPlan::transfers() const {
+  return materialise([](DeviceId) { return true; });
+}
+
+std::vector<Transfer> ReshardPlan::transfers_touching(std::span<const DeviceId> devices) const {
+  std::vector<char> mark(static_cast<std::size_t>(index_->max_device) + 1, 0);
+  for (DeviceId d : devices)
+    if (d >= 0 && d <= index_->max_device) mark[d] = 1;
+  return materialise([&](DeviceId d) { return mark[d] != 0; });
+}
+
+}  // namespace nereus

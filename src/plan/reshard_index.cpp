@@ -1,0 +1,139 @@
+#include "reshard_index.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "nereus/core/error.hpp"
+#include "nereus/core/sharding.hpp"
+
+namespace nereus {
+
+namespace {
+
+HoldingLists group_by(const std::vector<Holding>& hs, std::int64_t keys, auto key_of) {
+  HoldingLists out;
+  out.start.assign(static_cast<std::size_t>(keys + 1), 0);
+  for (const Holding& h : hs) ++out.start[static_cast<std::size_t>(key_of(h)) + 1];
+  for (std::size_t k = 1; k < out.start.size(); ++k) out.start[k] += out.start[k - 1];
+  out.items.resize(hs.size());
+  std::vector<std::uint32_t> fill(out.start.begin(), out.start.end() - 1);
+  for (std::uint32_t i = 0; i < hs.size(); ++i) out.items[fill[key_of(hs[i])]++] = i;
+  return out;
+}
+
+}  // namespace
+
+std::uint16_t ReshardIndex::layout_index(const Layout& l) {
+  for (std::size_t i = 0; i < layouts.size(); ++i)
+    if (layouts[i].same_sharding(l)) return static_cast<std::uint16_t>(i);
+  layouts.push_back(l);
+  return static_cast<std::uint16_t>(layouts.size() - 1);
+}
+
+ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& tgt, int gpn)
+    : model_(tgt.model), sources(srcs.begin(), srcs.end()), target(tgt), gpus_per_node(gpn) {
+  if (gpus_per_node < 1) throw Error("gpus per node must be at least 1");
+  if (sources.empty()) throw Error("no source collection");
+  target.validate();
+  for (const Collection& c : sources) {
+    c.validate();
+    if (!same_model(*c.model, *target.model))
+      throw Error("source model-stage '" + c.model_stage + "' (" + c.model->name() +
+                  ") and target model-stage '" + target.model_stage + "' (" + target.model->name() +
+                  ") are different models");
+  }
+  const ModelConfig& cfg = model_->config();
+
+  // Layouts, and per layout the TP ranges of each kind (tensors of a kind share shapes).
+  for (const Collection& c : sources) {
+    auto& v = source_layout.emplace_back();
+    for (const Emu& u : c.units) v.push_back(layout_index(u.layout));
+  }
+  for (const Emu& u : target.units) target_layout.push_back(layout_index(u.layout));
+  ranges_.resize(layouts.size());
+  std::array<const TensorInfo*, 17> rep{};
+  for (const TensorInfo& t : model_->tensors())
+    if (!rep[static_cast<int>(t.kind)]) rep[static_cast<int>(t.kind)] = &t;
+  for (std::size_t li = 0; li < layouts.size(); ++li)
+    for (int k = 0; k < 17; ++k)
+      if (rep[k])
+        for (int r = 0; r < layouts[li].tp; ++r)
+          ranges_[li][k].push_back(tp_range(cfg, *rep[k], layouts[li].tp, r));
+
+  // Templates: embedding, layer groups × kinds, final norm, lm_head.
+  auto stage_sets = [&](const TensorInfo& t) {
+    std::vector<StageSet> sets(layouts.size());
+    for (std::size_t li = 0; li < layouts.size(); ++li)
+      for (int s = 0; s < layouts[li].pp; ++s)
+        if (stage_holds(cfg, layouts[li], s, t) && sets[li].n < 2) sets[li].s[sets[li].n++] = static_cast<std::int16_t>(s);
+    return sets;
+  };
+  auto single = [&](TensorId id) {
+    const TensorInfo& t = model_->tensor(id);
+    templates.push_back({t.kind, {id}, stage_sets(t), slab_width(t)});
+  };
+  single(*model_->find(TensorKind::embed));
+  std::map<std::vector<std::int16_t>, std::size_t> group_of;
+  std::vector<std::vector<std::int32_t>> layer_groups;
+  for (std::int32_t l = 0; l < cfg.layers; ++l) {
+    std::vector<std::int16_t> key;
+    for (const Layout& lay : layouts) key.push_back(static_cast<std::int16_t>(lay.stage_of(l, cfg.layers)));
+    auto [it, fresh] = group_of.try_emplace(key, layer_groups.size());
+    if (fresh) layer_groups.emplace_back();
+    layer_groups[it->second].push_back(l);
+  }
+  for (const auto& layers : layer_groups)
+    for (TensorKind k : model_->layer_kinds()) {
+      Template t{k, {}, stage_sets(model_->tensor(*model_->find(k, layers[0]))), 0};
+      for (std::int32_t l : layers) t.tensors.push_back(*model_->find(k, l));
+      t.slab_width = slab_width(model_->tensor(t.tensors[0]));
+      templates.push_back(std::move(t));
+    }
+  single(*model_->find(TensorKind::final_norm));
+  if (auto head = model_->find(TensorKind::lm_head)) single(*head);
+
+  // Slot groups: optimizer slots can only come from training sources.
+  const DType dt = cfg.dtype;
+  auto group = [&](std::vector<Slot> slots, bool train_only) {
+    SlotGroup g{std::move(slots), {}, 0};
+    for (const Collection& c : sources) g.eligible.push_back(!train_only || c.train);
+    for (Slot s : g.slots) g.bytes_per_element += width(slot_dtype(s, dt));
+    groups.push_back(std::move(g));
+  };
+  const bool all_train = std::all_of(sources.begin(), sources.end(), [](const Collection& c) { return c.train; });
+  const bool any_train = std::any_of(sources.begin(), sources.end(), [](const Collection& c) { return c.train; });
+  if (!target.train || all_train) {
+    group({target.slots().begin(), target.slots().end()}, false);
+  } else {
+    if (!any_train)
+      throw Error("target model-stage '" + target.model_stage +
+                  "' is a training stage (slots master, exp_avg, exp_avg_sq) but no source model-stage holds them");
+    group({Slot::param}, false);
+    group({Slot::master, Slot::exp_avg, Slot::exp_avg_sq}, true);
+  }
+
+  // Source positions, by device and by node.
+  for (std::uint32_t c = 0; c < sources.size(); ++c)
+    for (std::uint32_t u = 0; u < sources[c].units.size(); ++u) {
+      const Emu& e = sources[c].units[u];
+      for (int s = 0; s < e.layout.pp; ++s)
+        for (int r = 0; r < e.layout.tp; ++r)
+          holdings.push_back({c, u, static_cast<std::uint16_t>(s), static_cast<std::uint16_t>(r),
+                              source_layout[c][u], e.device(s, r)});
+    }
+  for (const Holding& h : holdings) max_device = std::max(max_device, h.dev);
+  for (DeviceId d : target.devices()) max_device = std::max(max_device, d);
+  by_device = group_by(holdings, max_device + 1, [](const Holding& h) { return h.dev; });
+  by_node = group_by(holdings, max_device / gpus_per_node + 1,
+                     [this](const Holding& h) { return node_of(h.dev); });
+}
+
+std::pair<int, int> ReshardIndex::ranks_containing(int layout, TensorKind k, std::int64_t x) const {
+  const auto& rs = ranges(layout, k);
+  auto first = std::partition_point(rs.begin(), rs.end(), [x](const Range& r) { return r.hi <= x; });
+  auto last = first;
+  while (last != rs.end() && last->lo <= x) ++last;
+  return {static_cast<int>(first - rs.begin()), static_cast<int>(last - rs.begin())};
+}
+
+}  // namespace nereus
