@@ -1,0 +1,147 @@
+#pragma once
+// An independent reading of sharding.md for tests: tensor list, shard boxes, packed
+// buffers and the fill, written from the document without the library's sharding code.
+// Only ModelConfig (parsed by the library, tested on its own) is shared.
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nereus/core/fill.hpp"
+#include "nereus/core/model.hpp"
+
+namespace ref {
+
+using Box = std::vector<std::pair<std::int64_t, std::int64_t>>;  // [lo, hi) per dim
+
+struct Tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  char rule;  // 'v' vocab rows, 'q' heads rows, 'k' kv rows, 'o' heads cols, 'i' I rows, 'd' I cols, 'r' replicated
+  int layer;  // -1 outside layers
+  char where; // 'e' embedding, 'l' layer, 'n' final norm, 'h' lm_head
+};
+
+inline std::vector<Tensor> tensors(const nereus::ModelConfig& c) {
+  std::vector<Tensor> out;
+  const std::int64_t H = c.hidden, q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
+  out.push_back({"model.embed_tokens.weight", {c.vocab, H}, 'v', -1, 'e'});
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.push_back({p + "input_layernorm.weight", {H}, 'r', l, 'l'});
+    out.push_back({p + "self_attn.q_proj.weight", {q, H}, 'q', l, 'l'});
+    out.push_back({p + "self_attn.k_proj.weight", {kv, H}, 'k', l, 'l'});
+    out.push_back({p + "self_attn.v_proj.weight", {kv, H}, 'k', l, 'l'});
+    if (c.qkv_bias) {
+      out.push_back({p + "self_attn.q_proj.bias", {q}, 'q', l, 'l'});
+      out.push_back({p + "self_attn.k_proj.bias", {kv}, 'k', l, 'l'});
+      out.push_back({p + "self_attn.v_proj.bias", {kv}, 'k', l, 'l'});
+    }
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, 'r', l, 'l'});
+      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, 'r', l, 'l'});
+    }
+    out.push_back({p + "self_attn.o_proj.weight", {H, q}, 'o', l, 'l'});
+    out.push_back({p + "post_attention_layernorm.weight", {H}, 'r', l, 'l'});
+    out.push_back({p + "mlp.gate_proj.weight", {c.intermediate, H}, 'i', l, 'l'});
+    out.push_back({p + "mlp.up_proj.weight", {c.intermediate, H}, 'i', l, 'l'});
+    out.push_back({p + "mlp.down_proj.weight", {H, c.intermediate}, 'd', l, 'l'});
+  }
+  out.push_back({"model.norm.weight", {H}, 'r', -1, 'n'});
+  if (!c.tied_embeddings) out.push_back({"lm_head.weight", {c.vocab, H}, 'v', -1, 'h'});
+  return out;
+}
+
+struct Layout {
+  int tp = 1, pp = 1;
+  std::vector<int> partition;
+  bool fused = false;
+};
+
+inline std::pair<std::int64_t, std::int64_t> nth(std::int64_t n, std::int64_t k, std::int64_t i) {
+  return {i * n / k, (i + 1) * n / k};
+}
+
+/// Layers of stage s, by walking the partition (or part(L, pp, s)).
+inline std::pair<int, int> stage_layers(const nereus::ModelConfig& c, const Layout& l, int s) {
+  if (l.partition.empty()) {
+    auto [a, b] = nth(c.layers, l.pp, s);
+    return {static_cast<int>(a), static_cast<int>(b)};
+  }
+  int a = 0;
+  for (int i = 0; i < s; ++i) a += l.partition[i];
+  return {a, a + l.partition[s]};
+}
+
+inline std::optional<Box> shard(const nereus::ModelConfig& c, const Tensor& t, const Layout& l, int s, int r) {
+  bool held = false;
+  if (t.where == 'e') held = s == 0 || (c.tied_embeddings && s == l.pp - 1);
+  else if (t.where == 'n' || t.where == 'h') held = s == l.pp - 1;
+  else {
+    auto [a, b] = stage_layers(c, l, s);
+    held = a <= t.layer && t.layer < b;
+  }
+  if (!held) return std::nullopt;
+  Box b;
+  for (auto n : t.shape) b.push_back({0, n});
+  std::pair<std::int64_t, std::int64_t> heads;
+  switch (t.rule) {
+    case 'v': b[0] = nth(c.vocab, l.tp, r); break;
+    case 'i': b[0] = nth(c.intermediate, l.tp, r); break;
+    case 'd': b[1] = nth(c.intermediate, l.tp, r); break;
+    case 'q': heads = nth(c.heads, l.tp, r); b[0] = {heads.first * c.head_dim, heads.second * c.head_dim}; break;
+    case 'o': heads = nth(c.heads, l.tp, r); b[1] = {heads.first * c.head_dim, heads.second * c.head_dim}; break;
+    case 'k':
+      if (l.tp <= c.kv_heads) heads = nth(c.kv_heads, l.tp, r);
+      else heads = {r * c.kv_heads / l.tp, r * c.kv_heads / l.tp + 1};
+      b[0] = {heads.first * c.head_dim, heads.second * c.head_dim};
+      break;
+    default: break;
+  }
+  return b;
+}
+
+inline std::int64_t volume(const Box& b) {
+  std::int64_t n = 1;
+  for (auto [lo, hi] : b) n *= hi > lo ? hi - lo : 0;
+  return n;
+}
+
+/// One local buffer: its parts (tensor index, shard box), stacked by rows in order.
+struct Buffer {
+  std::vector<std::pair<std::size_t, Box>> parts;
+};
+
+/// Buffers of position (s, r), keyed by buffer name.
+inline std::map<std::string, Buffer> buffers(const nereus::ModelConfig& c, const std::vector<Tensor>& ts,
+                                             const Layout& l, int s, int r) {
+  std::map<std::string, Buffer> out;
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    auto b = shard(c, ts[i], l, s, r);
+    if (!b) continue;
+    std::string name = ts[i].name;
+    if (l.fused) {
+      const std::pair<const char*, const char*> fused_names[] = {
+          {".q_proj.", ".qkv_proj."}, {".k_proj.", ".qkv_proj."}, {".v_proj.", ".qkv_proj."},
+          {".gate_proj.", ".gate_up_proj."}, {".up_proj.", ".gate_up_proj."}};
+      for (auto [from, to] : fused_names) {
+        const auto pos = name.find(from);
+        if (pos == std::string::npos) continue;
+        name = name.substr(0, pos) + to + name.substr(pos + std::strlen(from));
+        break;
+      }
+    }
+    out[name].parts.push_back({i, *b});
+  }
+  return out;
+}
+
+/// Global row-major index of element (i, j) / (i) of a tensor.
+inline std::uint64_t global_index(const Tensor& t, std::int64_t i, std::int64_t j) {
+  return t.shape.size() == 1 ? static_cast<std::uint64_t>(i) : static_cast<std::uint64_t>(i * t.shape[1] + j);
+}
+
+}  // namespace ref

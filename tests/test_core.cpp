@@ -1,0 +1,209 @@
+// Core value types: model configs, tensor lists, layouts, boxes, the fill.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "nereus/core/cluster.hpp"
+#include "nereus/core/emu.hpp"
+#include "nereus/core/error.hpp"
+#include "nereus/core/fill.hpp"
+#include "nereus/core/layout.hpp"
+#include "nereus/core/packing.hpp"
+#include "nereus/core/presets.hpp"
+#include "nereus/core/sharding.hpp"
+#include "reference.hpp"
+
+using namespace nereus;
+
+namespace {
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("presets parse and give the published parameter counts") {
+  CHECK(load_model("llama-3.1-8b")->parameters() == 8030261248);
+  CHECK(load_model("llama-3.2-1b")->parameters() == 1235814400);
+  CHECK(load_model("qwen2.5-0.5b")->parameters() == 494032768);
+  CHECK(load_model("qwen2.5-7b")->parameters() == 7615616512);
+  CHECK(load_model("qwen3-8b")->parameters() == 8190735360);
+  for (const auto& name : preset_names(PresetKind::model)) CHECK_NOTHROW(load_model(name));
+  for (const auto& name : preset_names(PresetKind::cluster)) CHECK_NOTHROW(load_cluster(name));
+}
+
+TEST_CASE("presets are the files of ../shared (when it is there)") {
+  const char* shared = std::getenv("NEREUS_SHARED");
+  if (!shared || !std::filesystem::is_directory(std::string(shared) + "/models")) return;
+  for (const char* kind : {"models", "clusters"}) {
+    int seen = 0;
+    for (const auto& e : std::filesystem::directory_iterator(std::string(shared) + "/" + kind)) {
+      const std::string name = e.path().stem().string();
+      const auto text = find_preset(kind[0] == 'm' ? PresetKind::model : PresetKind::cluster, name);
+      REQUIRE_MESSAGE(text.has_value(), "no preset for ", e.path().string());
+      CHECK(std::string(*text) == read_text_file(e.path().string()));
+      ++seen;
+    }
+    CHECK(seen > 0);
+  }
+}
+
+TEST_CASE("tensor lists match the independent reading of sharding.md") {
+  for (const auto& name : preset_names(PresetKind::model)) {
+    const auto m = load_model(name);
+    const auto want = ref::tensors(m->config());
+    REQUIRE(want.size() == m->tensors().size());
+    for (const auto& t : want) {
+      const auto id = m->find(t.name);
+      REQUIRE_MESSAGE(id.has_value(), t.name);
+      const TensorInfo& info = m->tensor(*id);
+      CHECK(info.rank == static_cast<int>(t.shape.size()));
+      for (int d = 0; d < info.rank; ++d) CHECK(info.shape[d] == t.shape[d]);
+      if (info.layer >= 0) CHECK(m->find(info.kind, info.layer) == id);
+    }
+  }
+  const auto q3 = load_model("qwen3-8b");
+  CHECK(q3->find("model.layers.0.self_attn.q_norm.weight").has_value());
+  CHECK_FALSE(q3->find("model.layers.0.self_attn.q_proj.bias").has_value());
+  CHECK(load_model("qwen2.5-7b")->find("model.layers.27.self_attn.v_proj.bias").has_value());
+  CHECK_FALSE(load_model("llama-3.2-1b")->find("lm_head.weight").has_value());
+}
+
+TEST_CASE("config errors name the field") {
+  auto parse = [](const std::string& j) { return error_of([&] { parse_model_config(j, "cfg.json"); }); };
+  const std::string base = R"("hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":50,"torch_dtype":"bfloat16")";
+  CHECK(parse(R"({"model_type":"llama",)" + base + "}").empty());
+  CHECK(has(parse("{" + base + "}"), "model_type"));
+  CHECK(has(parse(R"({"model_type":"gpt2",)" + base + "}"), "unknown architecture 'gpt2'"));
+  CHECK(has(parse(R"({"architectures":["MistralForCausalLM"],)" + base + "}"), "MistralForCausalLM"));
+  CHECK(has(parse(R"({"model_type":"llama","hidden_size":64})"), "intermediate_size"));
+  CHECK(has(parse(R"({"model_type":"llama",)" + base + R"(,"num_key_value_heads":"two"})"), "num_key_value_heads"));
+  CHECK(has(parse(R"({"model_type":"llama","hidden_size":64.5,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":50,"torch_dtype":"bfloat16"})"), "'hidden_size' must be an integer"));
+  CHECK(has(parse(R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":50})"), "torch_dtype"));
+  CHECK(has(parse(R"({"model_type":"llama",)" + base + R"(,"num_key_value_heads":3})"), "num_key_value_heads 3"));
+  CHECK(has(parse("{nope"), "not valid JSON"));
+  CHECK(has(parse(R"({"model_type":"llama",)" + base + R"(,"tie_word_embeddings":"yes"})"), "tie_word_embeddings"));
+  CHECK(has(error_of([] { load_model("no-such-model"); }), "neither a file nor a preset"));
+}
+
+TEST_CASE("layout specs parse and their errors name key and value") {
+  const auto s = parse_collection_spec("tp=2,pp=2,dp=2,devices=0:4:1:5:2-3:6-7,partition=3/5,packing=fused");
+  CHECK(s.layout.tp == 2);
+  CHECK(s.layout.pp == 2);
+  CHECK(s.dp == 2);
+  CHECK(s.devices == std::vector<DeviceId>{0, 4, 1, 5, 2, 3, 6, 7});
+  CHECK(s.layout.partition == std::vector<int>{3, 5});
+  CHECK(s.layout.packing == Packing::fused);
+  CHECK(parse_collection_spec("tp=4,pp=1,dp=2").devices == std::vector<DeviceId>{0, 1, 2, 3, 4, 5, 6, 7});
+  auto err = [](const char* spec) { return error_of([&] { parse_collection_spec(spec); }); };
+  CHECK(has(err("tp=x,pp=1,dp=1"), "tp=x"));
+  CHECK(has(err("tp=0,pp=1,dp=1"), "tp=0"));
+  CHECK(has(err("tp=2,pp=1,dp=1,devices=0:1:1"), "devices="));
+  CHECK(has(err("tp=2,pp=1,dp=1,devices=0:0"), "device 0 appears twice"));
+  CHECK(has(err("tp=2,pp=1,dp=1,devices=0:-3"), "-3"));
+  CHECK(has(err("tp=2,pp=2,dp=1,partition=1/2/3"), "partition"));
+  CHECK(has(err("tp=2,pp=1,dp=1,packing=vllm"), "packing=vllm"));
+  CHECK(has(err("tp=2,zz=1"), "unknown key 'zz'"));
+  CHECK(has(err("tp=2,tp=4"), "given twice"));
+  CHECK(has(err("tp2"), "not key=value"));
+  const auto m = load_model("llama-3.1-8b")->config();
+  CHECK(has(error_of([&] { validate_layout(m, Layout{3, 1, {}, Packing::hf}); }), "tp=3"));
+  CHECK(has(error_of([&] { validate_layout(m, Layout{1, 40, {}, Packing::hf}); }), "pp=40"));
+  CHECK(has(error_of([&] { validate_layout(m, Layout{1, 2, {10, 20}, Packing::hf}); }), "sums to 30"));
+  CHECK(error_of([&] { validate_layout(m, Layout{16, 1, {}, Packing::hf}); }).empty());  // kv heads replicated
+  CHECK(has(error_of([&] { validate_layout(load_model("qwen2.5-0.5b")->config(), Layout{7, 1, {}, Packing::hf}); }),
+            "num_key_value_heads=2"));
+}
+
+TEST_CASE("collections reject repeated, negative and out-of-range devices") {
+  const auto m = load_model("tiny-llama");
+  auto spec = parse_collection_spec("tp=2,pp=1,dp=2");
+  CHECK_NOTHROW(Collection::from_spec(m, "a", spec, false));
+  spec.devices = {0, 1, 1, 2};
+  CHECK(has(error_of([&] { Collection::from_spec(m, "a", spec, false); }), "device 1 is used twice"));
+  spec.devices = {0, 1, 2, 9};
+  const auto c = Collection::from_spec(m, "a", spec, false);
+  CHECK(has(error_of([&] { c.validate(8); }), "device id 9 is out of range"));
+}
+
+TEST_CASE("stages: part(L, pp, s), explicit partitions, tied embeddings on the last stage") {
+  const Layout l{1, 3, {}, Packing::hf};
+  CHECK(l.stage_layers(0, 32) == Range{0, 10});
+  CHECK(l.stage_layers(2, 32) == Range{21, 32});
+  for (int layer = 0; layer < 32; ++layer) {
+    const int s = l.stage_of(layer, 32);
+    CHECK(l.stage_layers(s, 32).contains(layer));
+  }
+  const Layout p{1, 3, {10, 12, 10}, Packing::hf};
+  CHECK(p.stage_of(21, 32) == 1);
+  CHECK(p.stage_of(22, 32) == 2);
+  const auto tied = load_model("llama-3.2-1b");
+  const TensorInfo& emb = tied->tensor(*tied->find(TensorKind::embed));
+  CHECK(stage_holds(tied->config(), Layout{1, 4, {}, Packing::hf}, 3, emb));
+  CHECK_FALSE(stage_holds(tied->config(), Layout{1, 4, {}, Packing::hf}, 2, emb));
+}
+
+TEST_CASE("kv heads replicate when tp > nkv") {
+  const auto m = load_model("llama-3.1-8b");  // nkv = 8, hd = 128
+  const TensorInfo& k = m->tensor(*m->find(TensorKind::k, 0));
+  CHECK(tp_range(m->config(), k, 16, 0) == Range{0, 128});
+  CHECK(tp_range(m->config(), k, 16, 1) == Range{0, 128});
+  CHECK(tp_range(m->config(), k, 16, 15) == Range{896, 1024});
+  CHECK(tp_range(m->config(), k, 4, 1) == Range{256, 512});
+}
+
+TEST_CASE("boxes and local views") {
+  const Box a = Box::of_shape({10, 6});
+  Box b = a;
+  b.dims[0] = {2, 5};
+  b.dims[1] = {1, 3};
+  CHECK(a.contains(b));
+  CHECK(b.elements() == 6);
+  CHECK(a.intersect(b) == b);
+  Box shard = a;
+  shard.dims[0] = {2, 8};
+  const LocalView v = local_view(b, shard, 100);
+  CHECK(v.offset == 100 + 0 * 6 + 1);
+  CHECK(v.strides[0] == 6);
+  CHECK(v.strides[1] == 1);
+  Box cols = a;
+  cols.dims[1] = {3, 6};  // a column shard: local rows are 3 long
+  Box piece = cols;
+  piece.dims[1] = {4, 6};
+  const LocalView c = local_view(piece, cols, 0);
+  CHECK(c.offset == 1);
+  CHECK(c.strides[0] == 3);
+}
+
+TEST_CASE("fused packing stacks q, k, v and gate, up by rows") {
+  const auto m = load_model("tiny-llama");  // q rows 128, kv rows 32, I = 344
+  const Layout fused{2, 1, {}, Packing::fused};
+  const ShardPlace q = place_shard(*m, *m->find(TensorKind::q, 1), fused, 1);
+  const ShardPlace k = place_shard(*m, *m->find(TensorKind::k, 1), fused, 1);
+  const ShardPlace v = place_shard(*m, *m->find(TensorKind::v, 1), fused, 1);
+  CHECK(q.buffer == *m->find(TensorKind::q, 1));
+  CHECK(k.buffer == q.buffer);
+  CHECK(q.base == 0);
+  CHECK(k.base == 64 * 128);
+  CHECK(v.base == 64 * 128 + 16 * 128);
+  CHECK(buffer_name(*m, q.buffer, Packing::fused) == "model.layers.1.self_attn.qkv_proj.weight");
+  const ShardPlace up = place_shard(*m, *m->find(TensorKind::up, 0), fused, 0);
+  CHECK(up.base == 172 * 128);
+  CHECK(buffer_name(*m, up.buffer, Packing::fused) == "model.layers.0.mlp.gate_up_proj.weight");
+  CHECK(place_shard(*m, *m->find(TensorKind::k, 1), Layout{2, 1, {}, Packing::hf}, 1).base == 0);
+}
+
+TEST_CASE("verification fill follows sharding.md") {
+  CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
+  CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(splitmix64(0) == 0xe220a8397b1dcdafull);
+  CHECK(fill_seed("t", "param") == fnv1a64("t/param"));
+  CHECK(fill_value(fill_seed("t", "param"), 5) == splitmix64(fnv1a64("t/param") ^ 5));
+}

@@ -1,0 +1,3 @@
+// The one translation unit with doctest's main.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
