@@ -1,1 +1,118 @@
+#!/usr/bin/env python3
+"""End-to-end checks of the `nereus` command line: JSON fields, worked examples, and one
+clear error (non-zero exit, no crash) for each kind of bad input."""
+import json
+import os
+import struct
+import subprocess
 import sys
+import tempfile
+
+NEREUS = sys.argv[1]
+failures = []
+passed = 0
+
+
+def run(*args):
+    p = subprocess.run([NEREUS, *args], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check(cond, what):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+def plan_json(*args):
+    rc, out, err = run("plan", *args, "--json")
+    check(rc == 0, f"plan {args} exits 0 (stderr: {err.strip()})")
+    return json.loads(out) if rc == 0 else {}
+
+
+def expect_error(args, needle):
+    rc, out, err = run(*args)
+    lines = [l for l in err.strip().splitlines() if l]
+    check(rc not in (0,) and rc > 0, f"{args}: non-zero exit without a signal (rc={rc})")
+    check(len(lines) == 1 and needle in lines[0], f"{args}: one error line naming {needle!r}, got {err!r}")
+
+
+# Worked examples of the planner issue (1 GB = 10^9 B).
+j = plan_json("--model", "llama-3.1-8b", "--from", "tp=8,pp=1,dp=1", "--to", "tp=2,pp=1,dp=4")
+for key in ["moved_bytes", "local_bytes", "target_bytes", "lower_bound_bytes", "max_device_send_bytes",
+            "max_device_recv_bytes", "transfer_count", "plan_ms", "estimated_seconds", "target_devices"]:
+    check(key in j, f"plan JSON has {key}")
+check(round(j.get("moved_bytes", 0) / 1e9, 2) == 56.21, "tp=8 -> tp=2,dp=4 in order moves 56.21 GB")
+j = plan_json("--model", "llama-3.1-8b", "--from", "tp=8,pp=1,dp=1", "--to", "tp=2,pp=1,dp=4", "--optimize-placement")
+check(round(j.get("moved_bytes", 0) / 1e9, 2) == 48.18, "best placement moves 48.18 GB")
+check(sorted(j.get("target_devices", [])) == list(range(8)), "target_devices is a permutation of 0-7")
+j = plan_json("--model", "llama-3.1-8b", "--from", "tp=2,pp=1,dp=4", "--to", "tp=8,pp=1,dp=1")
+check(round(j.get("moved_bytes", 0) / 1e9, 2) == 8.03, "tp=2,dp=4 -> tp=8 in order moves 8.03 GB")
+j = plan_json("--model", "llama-3.1-8b", "--from", "tp=2,pp=1,dp=4", "--to", "tp=8,pp=1,dp=1", "--optimize-placement")
+check(j.get("moved_bytes") == 0, "best placement moves 0")
+
+# Transfers add up to the summary.
+j = plan_json("--model", "tiny-qwen2-tied", "--from", "tp=2,pp=2,dp=1,packing=fused", "--to", "tp=4,pp=1,dp=1",
+              "--train", "--transfers")
+ts = j.get("transfers", [])
+check(sum(t["bytes"] for t in ts if not t["local"]) == j.get("moved_bytes"), "link transfers sum to moved_bytes")
+check(sum(1 for t in ts if not t["local"]) == j.get("transfer_count"), "transfer_count counts link transfers")
+check(all({"src", "dst", "tensor", "slot", "box", "bytes"} <= set(t) for t in ts), "transfer fields")
+check({t["slot"] for t in ts} == {"param", "master", "exp_avg", "exp_avg_sq"}, "training slots move")
+j = plan_json("--model", "tiny-llama", "--from", "tp=2,pp=1,dp=2", "--to", "tp=1,pp=1,dp=4", "--sync", "--transfers")
+check({t["slot"] for t in j.get("transfers", [])} == {"param"}, "--sync moves params only")
+j = plan_json("--model", "tiny-llama", "--from", "tp=2,pp=1,dp=4", "--to", "tp=4,pp=1,dp=2", "--transfers",
+              "--node", "1", "--gpus-per-node", "4")
+check(all(4 <= t["src"] < 8 or 4 <= t["dst"] < 8 for t in j.get("transfers", [])), "--node keeps that node's transfers")
+
+# Readable output, model and presets commands.
+rc, out, _ = run("plan", "--model", "llama-3.1-8b", "--from", "tp=8,pp=1,dp=1", "--to", "tp=2,pp=1,dp=4")
+check(rc == 0 and "moved" in out and "56.21 GB" in out, "readable summary")
+rc, out, _ = run("model", "--model", "qwen3-8b", "--tensors", "--json")
+m = json.loads(out) if rc == 0 else {}
+check(m.get("parameters") == 8190735360, "model --json parameter count")
+check(any(t["name"] == "model.layers.0.self_attn.q_norm.weight" for t in m.get("tensors", [])), "qwen3 q_norm listed")
+rc, out, _ = run("presets")
+check(rc == 0 and "llama-3.3-70b" in out and "paper-cluster-3-h200" in out, "presets lists models and clusters")
+
+# Bad input: one clear error each.
+with tempfile.TemporaryDirectory() as d:
+    def cfg(name, text):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+    base = '"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":50,"torch_dtype":"bfloat16"'
+    expect_error(["plan", "--model", cfg("a.json", '{"model_type":"gpt2",' + base + '}'), "--from", "tp=1,pp=1,dp=1",
+                  "--to", "tp=1,pp=1,dp=1"], "unknown architecture 'gpt2'")
+    expect_error(["plan", "--model", cfg("b.json", '{"model_type":"llama","hidden_size":64}'), "--from", "tp=1,pp=1,dp=1",
+                  "--to", "tp=1,pp=1,dp=1"], "intermediate_size")
+    expect_error(["plan", "--model", cfg("c.json", '{"model_type":"llama",' + base.replace('"vocab_size":50', '"vocab_size":"big"') + '}'),
+                  "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "vocab_size")
+    expect_error(["plan", "--model", cfg("d.json", "{"), "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "not valid JSON")
+    st = os.path.join(d, "bad.safetensors")
+    header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [1003, 128], "data_offsets": [0, 256768]}}).encode()
+    with open(st, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + b"\0" * 100)
+    expect_error(["plan", "--model", "tiny-llama", "--weights", st, "--from", "tp=1,pp=1,dp=1", "--to", "tp=2,pp=1,dp=1"],
+                 "overruns")
+expect_error(["plan", "--model", "no-such", "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "neither a file nor a preset")
+expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=3,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "tp=3")
+expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=2,pp=1,dp=1,devices=0:0", "--to", "tp=1,pp=1,dp=1"],
+             "device 0 appears twice")
+expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=2,pp=1,dp=1,devices=0:x", "--to", "tp=1,pp=1,dp=1"], "devices=0:x")
+expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=8,pp=1,dp=2", "--to", "tp=8,pp=1,dp=1", "--cluster", "h200-node"],
+             "out of range")
+expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=8,pp=1,dp=1", "--to", "tp=8,pp=1,dp=1,packing=x"], "packing=x")
+expect_error(
+             ["plan", "--model", "llama-3.1-8b", "--from", "tp=8,pp=1,dp=1", "--to", "tp=1,pp=40,dp=1"], "pp=40")
+rc, _, err = run("plan", "--model", "tiny-llama")
+check(rc != 0 and "--from" in err, "missing option named")
+rc, _, _ = run()
+check(rc != 0, "no sub-command exits non-zero")
+
+print(f"cli: {passed} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)

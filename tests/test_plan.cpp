@@ -171,7 +171,7 @@ TEST_CASE("1,024 GPUs: llama-3.3-70b tp=8,pp=2,dp=64 -> tp=4,pp=4,dp=64 with tra
   const auto& s = plan.summary();
   // A replica holds every tensor once, and each TP rank its own copy of the norms.
   std::uint64_t replica = 0;
-  for (const auto& t : load_model("llama-3.3-70b")->tensors())
+  for (const auto& t : src.model->tensors())
     replica += static_cast<std::uint64_t>(t.elements()) * (t.rank == 1 ? 4 : 1) * (2 + 12);
   CHECK(s.target_bytes == 64 * replica);
   CHECK(s.moved_bytes == s.lower_bound_bytes);

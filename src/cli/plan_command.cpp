@@ -25,9 +25,11 @@ struct PlanArgs {
   int node = -1;
 };
 
-CollectionSpec parse_spec(const std::string& flag, const std::string& spec) {
+/// Runs f, prefixing any error with the flag and spec it came from.
+template <class F>
+auto in_context(const std::string& flag, const std::string& spec, F&& f) {
   try {
-    return parse_collection_spec(spec);
+    return f();
   } catch (const Error& e) {
     throw Error(flag + " " + spec + ": " + e.what());
   }
@@ -48,12 +50,18 @@ void run_plan(const PlanArgs& a) {
   if (a.gpus_per_node > 0) links.gpus_per_node = a.gpus_per_node;
   if (a.train && a.sync) throw Error("--train and --sync exclude each other (--sync: train source, generation target)");
 
-  const CollectionSpec from = parse_spec("--from", a.from);
-  const CollectionSpec to = parse_spec("--to", a.to);
-  Collection source = Collection::from_spec(model, "source", from, a.train || a.sync);
-  Collection target = Collection::from_spec(model, "target", to, a.train);
-  source.validate(device_count);
-  target.validate(device_count);
+  const CollectionSpec from = in_context("--from", a.from, [&] { return parse_collection_spec(a.from); });
+  const CollectionSpec to = in_context("--to", a.to, [&] { return parse_collection_spec(a.to); });
+  const Collection source = in_context("--from", a.from, [&] {
+    auto c = Collection::from_spec(model, "source", from, a.train || a.sync);
+    c.validate(device_count);
+    return c;
+  });
+  Collection target = in_context("--to", a.to, [&] {
+    auto c = Collection::from_spec(model, "target", to, a.train);
+    c.validate(device_count);
+    return c;
+  });
 
   const auto t0 = std::chrono::steady_clock::now();
   if (a.optimize) target = optimize_placement(std::span<const Collection>(&source, 1), target, links.gpus_per_node);

@@ -84,15 +84,21 @@ std::vector<DeviceId> parse_devices(std::string_view v) {
   while (start <= v.size()) {
     const std::size_t end = std::min(v.find(':', start), v.size());
     const std::string_view item = v.substr(start, end - start);
-    const std::string what = "devices=" + std::string(v);
+    auto id = [&](std::string_view text) {
+      int n = 0;
+      auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+      if (ec != std::errc() || p != text.data() + text.size() || text.empty())
+        throw Error("layout spec: devices=" + std::string(v) + ": '" + std::string(text) + "' is not a device id");
+      return n;
+    };
     if (const auto dash = item.find('-'); dash != std::string_view::npos && dash > 0) {
-      const int a = parse_int(what, item.substr(0, dash));
-      const int b = parse_int(what, item.substr(dash + 1));
+      const int a = id(item.substr(0, dash));
+      const int b = id(item.substr(dash + 1));
       if (b < a) throw Error("layout spec: devices range '" + std::string(item) + "' is descending");
       if (b - a > (1 << 20)) throw Error("layout spec: devices range '" + std::string(item) + "' is too long");
       for (int d = a; d <= b; ++d) out.push_back(d);
     } else {
-      const int d = parse_int(what, item);
+      const int d = id(item);
       if (d < 0) throw Error("layout spec: device id " + std::to_string(d) + " in devices=" + std::string(v) + " is negative");
       out.push_back(d);
     }

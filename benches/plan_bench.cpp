@@ -1,0 +1,72 @@
+// Planning time at 1,024 GPUs: llama-3.3-70b with training slots,
+// tp=8,pp=2,dp=64 -> tp=4,pp=4,dp=64. Prints medians of repeated runs.
+//   plan_bench [--repeat N] [--smoke] [--json]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "nereus/plan/placement.hpp"
+#include "nereus/plan/reshard.hpp"
+
+using namespace nereus;
+
+namespace {
+
+template <class F>
+double median_ms(int repeat, F&& f) {
+  std::vector<double> ms;
+  for (int i = 0; i < repeat; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeat = 31;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--smoke")) repeat = 3;
+    else if (!std::strcmp(argv[i], "--json")) json = true;
+    else if (!std::strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
+    else {
+      fmt::print(stderr, "usage: plan_bench [--repeat N] [--smoke] [--json]\n");
+      return 2;
+    }
+  }
+  const auto model = load_model("llama-3.3-70b");
+  const auto src = Collection::from_spec(model, "actor/train", parse_collection_spec("tp=8,pp=2,dp=64"), true);
+  const auto dst = Collection::from_spec(model, "actor/train", parse_collection_spec("tp=4,pp=4,dp=64"), true);
+  std::vector<DeviceId> node0(8);
+  std::iota(node0.begin(), node0.end(), 0);
+
+  std::uint64_t moved = 0;
+  std::size_t node_transfers = 0;
+  const double summary_ms = median_ms(repeat, [&] { moved = plan_reshard(src, dst).summary().moved_bytes; });
+  const double node_ms = median_ms(repeat, [&] { node_transfers = plan_reshard(src, dst).transfers_touching(node0).size(); });
+  Collection placed;
+  const double placement_ms = median_ms(std::max(1, repeat / 4), [&] {
+    placed = optimize_placement(std::span<const Collection>(&src, 1), dst, 8);
+  });
+  const std::uint64_t placed_moved = plan_reshard(src, placed).summary().moved_bytes;
+
+  if (json) {
+    fmt::print("{{\"repeat\":{},\"summary_ms\":{:.3f},\"node_transfers_ms\":{:.3f},\"node_transfers\":{},"
+               "\"placement_ms\":{:.3f},\"moved_bytes\":{},\"placed_moved_bytes\":{}}}\n",
+               repeat, summary_ms, node_ms, node_transfers, placement_ms, moved, placed_moved);
+  } else {
+    fmt::print("llama-3.3-70b, training slots, tp=8,pp=2,dp=64 -> tp=4,pp=4,dp=64 (1,024 GPUs), median of {}\n", repeat);
+    fmt::print("  whole-job plan (summary)          {:8.3f} ms   moved {:.1f} GB\n", summary_ms, moved / 1e9);
+    fmt::print("  plan + node 0 transfer list       {:8.3f} ms   {} transfers\n", node_ms, node_transfers);
+    fmt::print("  optimise placement                {:8.3f} ms   moved {:.1f} GB after\n", placement_ms, placed_moved / 1e9);
+  }
+  return 0;
+}
