@@ -1,0 +1,40 @@
+#pragma once
+// An async scope: coroutines spawned into it are joined before it goes away, so no
+// detached coroutine outlives what it uses (style.md, after folly::coro and Seastar).
+// One scope belongs to one executor and is used from that executor's thread.
+#include <exception>
+#include <utility>
+#include <list>
+
+#include "nereus/runtime/asio.hpp"
+
+namespace nereus {
+
+/// Spawn coroutines; join() them all before destruction (checked).
+class AsyncScope {
+ public:
+  explicit AsyncScope(asio::any_io_executor ex);
+  AsyncScope(const AsyncScope&) = delete;
+  AsyncScope& operator=(const AsyncScope&) = delete;
+  /// Aborts the process if coroutines are still running: join() first.
+  ~AsyncScope();
+
+  /// Starts `work` on the scope's executor.
+  void spawn(asio::awaitable<void> work);
+  /// Requests cancellation of every running coroutine (they see it at their next
+  /// cancellable wait, in-flight transfers included).
+  void cancel();
+  /// Completes when every spawned coroutine has finished; rethrows the first exception
+  /// one of them ended with.
+  asio::awaitable<void> join();
+  std::size_t pending() const { return pending_; }
+
+ private:
+  asio::any_io_executor ex_;
+  asio::steady_timer idle_;
+  std::list<asio::cancellation_signal> signals_;
+  std::size_t pending_ = 0;
+  std::exception_ptr error_;
+};
+
+}  // namespace nereus

@@ -1,0 +1,101 @@
+#pragma once
+// Devices: where state lives. A device owns one memory arena with a capacity (the
+// stand-in for a GPU's memory on any machine) and tracks current and peak use. The CUDA
+// backend implements the same interface over device memory, streams and events.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "nereus/core/layout.hpp"
+
+namespace nereus {
+
+/// Kind of memory a device allocates (transports declare which they can move).
+enum class MemoryKind : std::uint8_t { host, cuda };
+
+class Device;
+
+/// One allocation in a device's arena; frees itself.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  friend class Device;
+  Device* owner_ = nullptr;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// An ordered asynchronous work queue of a device (a CUDA stream); host queues run work
+/// at once.
+class DeviceQueue {
+ public:
+  virtual ~DeviceQueue() = default;
+  /// Enqueues a copy of n bytes inside this device's memory.
+  virtual void copy(std::byte* dst, const std::byte* src, std::size_t n) = 0;
+  /// True once everything enqueued so far has run.
+  virtual bool idle() const = 0;
+  /// Blocks until idle (control path only).
+  virtual void synchronize() = 0;
+};
+
+/// A GPU or its stand-in: an arena of `capacity` bytes, an allocator over it, queues.
+class Device {
+ public:
+  virtual ~Device();
+  DeviceId id() const { return id_; }
+  virtual MemoryKind kind() const = 0;
+  /// Allocates n bytes (aligned to 256); throws Error naming the device, the request and
+  /// what is left when the arena cannot hold it.
+  DeviceBuffer allocate(std::size_t n, std::string_view what);
+  virtual std::unique_ptr<DeviceQueue> make_queue() = 0;
+
+  std::size_t capacity() const { return capacity_; }
+  std::size_t used() const;
+  std::size_t peak() const;
+  /// The whole arena: transports register it once.
+  std::byte* arena() const { return arena_; }
+
+ protected:
+  Device(DeviceId id, std::byte* arena, std::size_t capacity);
+
+ private:
+  friend class DeviceBuffer;
+  void release(std::byte* p, std::size_t n);
+
+  DeviceId id_;
+  std::byte* arena_;
+  std::size_t capacity_;
+  mutable std::mutex mu_;
+  std::map<std::size_t, std::size_t> free_;  // offset → size, coalesced
+  std::size_t used_ = 0;
+  std::size_t peak_ = 0;
+};
+
+/// A host-memory device: its arena is reserved address space, committed on first touch.
+class HostDevice final : public Device {
+ public:
+  HostDevice(DeviceId id, std::size_t capacity);
+  ~HostDevice() override;
+  MemoryKind kind() const override { return MemoryKind::host; }
+  std::unique_ptr<DeviceQueue> make_queue() override;
+};
+
+/// Parses "2GiB", "512MiB", "1000000" (bytes), "1.5GB"; throws Error naming the text.
+std::size_t parse_capacity(std::string_view text);
+
+}  // namespace nereus

@@ -1,0 +1,106 @@
+#pragma once
+// How bytes move: one small interface (style.md, after NIXL): capabilities, memory
+// registration, peers, and descriptor lists posted as one awaitable operation.
+// Optional operations default to "not supported", so a backend stays small.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nereus/runtime/asio.hpp"
+#include "nereus/runtime/device.hpp"
+#include "nereus/runtime/status.hpp"
+
+namespace nereus {
+
+/// A peer process (one per node in production, one per worker in benches).
+using PeerId = std::uint32_t;
+
+/// Memory a transport may move bytes in or out of.
+struct MemoryRegion {
+  std::byte* base = nullptr;
+  std::size_t size = 0;
+  DeviceId device = 0;
+  MemoryKind kind = MemoryKind::host;
+};
+
+/// A registered region and the key a peer needs to reach it (empty for local-only).
+struct Registration {
+  MemoryRegion region;
+  std::vector<std::byte> remote_key;
+  std::uint64_t handle = 0;  ///< backend's own handle
+};
+
+/// `count` runs of `bytes`: run i goes from src + i·src_stride to dst + i·dst_stride.
+/// Addresses are local pointers, or a peer's virtual addresses for the remote side.
+struct Segment {
+  std::uint64_t src = 0;
+  std::uint64_t dst = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t count = 1;
+  std::uint64_t src_stride = 0;
+  std::uint64_t dst_stride = 0;
+  std::uint64_t total() const { return bytes * count; }
+};
+
+/// What to do with a descriptor list.
+enum class Op : std::uint8_t {
+  copy,  ///< both sides in this process
+  get,   ///< src on `peer`, dst here
+  put,   ///< src here, dst on `peer`
+};
+
+/// Segments of one memory kind between one local device and one remote device.
+struct DescriptorList {
+  Op op = Op::copy;
+  PeerId peer = 0;
+  DeviceId local_device = 0;
+  DeviceId remote_device = 0;
+  MemoryKind kind = MemoryKind::host;
+  std::vector<Segment> segments;
+  std::uint64_t bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& s : segments) n += s.total();
+    return n;
+  }
+};
+
+/// What a backend can do.
+struct Capabilities {
+  bool local_copy = false;
+  bool remote_get = false;
+  bool remote_put = false;
+  bool strided = false;  ///< handles count > 1 natively (else the caller expands)
+  std::vector<MemoryKind> memory;
+};
+
+/// A transport backend. post() never blocks the calling executor's thread.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string_view name() const = 0;
+  virtual Capabilities capabilities() const = 0;
+
+  /// Makes a region movable; the result's remote_key goes to peers. Throws Error.
+  virtual Registration register_memory(const MemoryRegion& region) = 0;
+  virtual void deregister_memory(const Registration& registration) { (void)registration; }
+
+  /// This process's address for peers to connect to (empty when not remote-capable).
+  virtual std::vector<std::byte> address() const { return {}; }
+  virtual Status connect(PeerId peer, std::span<const std::byte> address) {
+    (void)peer, (void)address;
+    return {StatusCode::not_supported, std::string(name()) + " has no remote peers"};
+  }
+  /// Makes `remote_device`'s region of `peer` (registered there with `key`) reachable.
+  virtual Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key) {
+    (void)peer, (void)remote_device, (void)key;
+    return {StatusCode::not_supported, std::string(name()) + " has no remote regions"};
+  }
+
+  /// Moves every byte of `list`; completes (on the caller's executor) when all landed,
+  /// on the first error, or when cancelled through the awaiting coroutine.
+  virtual asio::awaitable<Status> post(DescriptorList list) = 0;
+};
+
+}  // namespace nereus

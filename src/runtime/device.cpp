@@ -1,0 +1,146 @@
+#include "nereus/runtime/device.hpp"
+
+#include <sys/mman.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "nereus/core/error.hpp"
+
+namespace nereus {
+
+namespace {
+constexpr std::size_t kAlign = 256;
+std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (owner_) owner_->release(data_, size_);
+    owner_ = std::exchange(o.owner_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (owner_) owner_->release(data_, size_);
+}
+
+Device::Device(DeviceId id, std::byte* arena, std::size_t capacity)
+    : id_(id), arena_(arena), capacity_(capacity) {
+  if (capacity_ > 0) free_.emplace(0, capacity_);
+}
+
+Device::~Device() = default;
+
+DeviceBuffer Device::allocate(std::size_t n, std::string_view what) {
+  const std::size_t want = round_up(std::max<std::size_t>(n, 1));
+  std::lock_guard lock(mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < want) continue;
+    const std::size_t off = it->first;
+    const std::size_t rest = it->second - want;
+    free_.erase(it);
+    if (rest) free_.emplace(off + want, rest);
+    used_ += want;
+    peak_ = std::max(peak_, used_);
+    DeviceBuffer b;
+    b.owner_ = this;
+    b.data_ = arena_ + off;
+    b.size_ = n;
+    return b;
+  }
+  std::size_t largest = 0;
+  for (const auto& [o, s] : free_) largest = std::max(largest, s);
+  throw Error("device " + std::to_string(id_) + ": cannot allocate " + std::to_string(n) + " bytes for " +
+              std::string(what) + " (capacity " + std::to_string(capacity_) + ", in use " + std::to_string(used_) +
+              ", largest free block " + std::to_string(largest) + ")");
+}
+
+void Device::release(std::byte* p, std::size_t n) {
+  const std::size_t size = round_up(std::max<std::size_t>(n, 1));
+  std::size_t off = static_cast<std::size_t>(p - arena_);
+  std::size_t len = size;
+  std::lock_guard lock(mu_);
+  used_ -= size;
+  auto next = free_.lower_bound(off);
+  if (next != free_.end() && off + len == next->first) {
+    len += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      off = prev->first;
+      len += prev->second;
+      free_.erase(prev);
+    }
+  }
+  free_.emplace(off, len);
+}
+
+std::size_t Device::used() const {
+  std::lock_guard lock(mu_);
+  return used_;
+}
+
+std::size_t Device::peak() const {
+  std::lock_guard lock(mu_);
+  return peak_;
+}
+
+namespace {
+
+std::byte* reserve(DeviceId id, std::size_t capacity) {
+  if (capacity == 0) return nullptr;
+  void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    throw Error("device " + std::to_string(id) + ": cannot reserve " + std::to_string(capacity) + " bytes of host memory");
+  return static_cast<std::byte*>(p);
+}
+
+class HostQueue final : public DeviceQueue {
+ public:
+  void copy(std::byte* dst, const std::byte* src, std::size_t n) override { std::memcpy(dst, src, n); }
+  bool idle() const override { return true; }
+  void synchronize() override {}
+};
+
+}  // namespace
+
+HostDevice::HostDevice(DeviceId id, std::size_t capacity) : Device(id, reserve(id, capacity), capacity) {}
+
+HostDevice::~HostDevice() {
+  if (arena()) ::munmap(arena(), capacity());
+}
+
+std::unique_ptr<DeviceQueue> HostDevice::make_queue() { return std::make_unique<HostQueue>(); }
+
+std::size_t parse_capacity(std::string_view text) {
+  const std::string t(text);
+  double value = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
+  if (ec != std::errc() || p == t.data() || !(value > 0))
+    throw Error("capacity '" + t + "' is not a positive size (examples: 2GiB, 512MiB, 1000000)");
+  const std::string unit(p, t.data() + t.size());
+  double mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "KiB") mult = 1024.0;
+  else if (unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kB" || unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else if (unit == "TB") mult = 1e12;
+  else throw Error("capacity '" + t + "' has unknown unit '" + unit + "' (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)");
+  const double bytes = value * mult;
+  if (bytes > 1.2e15) throw Error("capacity '" + t + "' is too large");
+  return static_cast<std::size_t>(std::llround(bytes));
+}
+
+}  // namespace nereus
