@@ -4,6 +4,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <cstring>
 
+#include "completion.hpp"
 #include "nereus/core/error.hpp"
 
 namespace nereus {
@@ -35,14 +36,10 @@ namespace {
 struct Batch {
   std::atomic<std::size_t> remaining{0};
   std::atomic<bool> cancelled{false};
-  asio::any_completion_handler<void(Status)> handler;
-  asio::any_io_executor ex;
+  std::unique_ptr<detail::Completion> done;
 
   void finish() {
-    const Status st = cancelled.load() ? Status{StatusCode::cancelled, "local copy cancelled"} : Status::ok();
-    auto h = std::move(handler);
-    // Never resume the coroutine on a copy thread: post to its executor.
-    asio::post(ex, [h = std::move(h), st]() mutable { std::move(h)(st); });
+    done->complete(cancelled.load() ? Status{StatusCode::cancelled, "local copy cancelled"} : Status::ok());
   }
 };
 
@@ -78,13 +75,12 @@ struct Initiate {
   template <class Handler>
   void operator()(Handler&& handler) {
     auto batch = std::make_shared<Batch>();
-    batch->ex = asio::get_associated_executor(handler);
     auto slot = asio::get_associated_cancellation_slot(handler);
     if (slot.is_connected())
       slot.assign([b = std::weak_ptr<Batch>(batch)](asio::cancellation_type) {
         if (auto p = b.lock()) p->cancelled = true;
       });
-    batch->handler = std::forward<Handler>(handler);
+    batch->done = detail::make_completion(std::forward<Handler>(handler));
     std::vector<Chunk> chunks;
     for (const Segment& s : list.segments) split(s, chunk_bytes, chunks);
     if (chunks.empty()) {

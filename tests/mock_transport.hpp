@@ -1,0 +1,45 @@
+#pragma once
+// A transport that moves no bytes: it records what was posted, completes each post
+// after a timer, and can fail or hang on request. Executor tests run against it.
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+
+#include "nereus/transport/transport.hpp"
+
+namespace testing {
+
+class MockTransport final : public nereus::Transport {
+ public:
+  explicit MockTransport(boost::asio::any_io_executor ex) : ex_(ex) {}
+
+  std::string_view name() const override { return "mock"; }
+  nereus::Capabilities capabilities() const override { return {true, true, true, true, {nereus::MemoryKind::host}}; }
+  nereus::Registration register_memory(const nereus::MemoryRegion& r) override { return {r, {}, 0}; }
+
+  boost::asio::awaitable<nereus::Status> post(nereus::DescriptorList list) override {
+    const int n = ++posts;
+    posted.push_back(list);
+    ++in_flight;
+    max_in_flight = std::max(max_in_flight, in_flight);
+    boost::asio::steady_timer t(ex_);
+    t.expires_after(hang_on == n ? std::chrono::hours(1) : delay);
+    auto [ec] = co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    --in_flight;
+    if (ec) co_return nereus::Status{nereus::StatusCode::cancelled, "mock post cancelled"};
+    if (fail_on == n) co_return nereus::Status{nereus::StatusCode::io_error, "mock failure"};
+    co_return nereus::Status::ok();
+  }
+
+  std::vector<nereus::DescriptorList> posted;
+  int posts = 0;
+  int in_flight = 0;
+  int max_in_flight = 0;
+  int fail_on = 0;  ///< post number that fails (1-based), 0 for none
+  int hang_on = 0;  ///< post number that waits until cancelled
+  std::chrono::microseconds delay{200};
+
+ private:
+  boost::asio::any_io_executor ex_;
+};
+
+}  // namespace testing
