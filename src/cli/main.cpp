@@ -7,13 +7,17 @@
 #include "nereus/core/error.hpp"
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv, argv + argc);
   CLI::App app{"Nereus: adaptive parallelism for LLM post-training"};
   app.require_subcommand(1);
   nereus::cli::add_plan_command(app);
   nereus::cli::add_model_command(app);
   nereus::cli::add_presets_command(app);
+  nereus::cli::add_bench_command(app, args);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // the command printed its own error
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const nereus::Error& e) {

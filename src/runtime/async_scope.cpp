@@ -16,19 +16,25 @@ AsyncScope::~AsyncScope() {
   }
 }
 
+void AsyncScope::prune() {
+  children_.remove_if([](const Child& c) { return c.finished; });
+}
+
 void AsyncScope::spawn(asio::awaitable<void> work) {
+  prune();
   ++pending_;
-  auto sig = signals_.emplace(signals_.end());
+  auto child = children_.emplace(children_.end());
   asio::co_spawn(ex_, std::move(work),
-                 asio::bind_cancellation_slot(sig->slot(), [this, sig](std::exception_ptr e) {
+                 asio::bind_cancellation_slot(child->signal.slot(), [this, child](std::exception_ptr e) {
                    if (e && !error_) error_ = e;
-                   signals_.erase(sig);
+                   child->finished = true;
                    if (--pending_ == 0) idle_.cancel();
                  }));
 }
 
 void AsyncScope::cancel() {
-  for (auto& s : signals_) s.emit(asio::cancellation_type::terminal);
+  for (auto& c : children_)
+    if (!c.finished) c.signal.emit(asio::cancellation_type::terminal);
 }
 
 asio::awaitable<void> AsyncScope::join() {
@@ -36,6 +42,7 @@ asio::awaitable<void> AsyncScope::join() {
     idle_.expires_at(asio::steady_timer::time_point::max());
     co_await idle_.async_wait(asio::as_tuple(asio::use_awaitable));
   }
+  prune();
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 

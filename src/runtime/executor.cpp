@@ -127,7 +127,7 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       b.skipped_keep_ += t.bytes;
       continue;
     }
-    const bool local = src->owner == options_.self;
+    const bool local = src->owner == options_.self && !(options_.remote_links && remote_ && t.src != t.dst);
     if (!local && !remote_)
       throw Error(describe(t, i) + ": its source is in process " + std::to_string(src->owner) + " but no remote transport is set");
     BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), unit->second, {}, t.src == t.dst};

@@ -18,17 +18,22 @@ class Completion {
   virtual void complete(Status st) = 0;
 };
 
+/// Holds the handler and tracked work on its executor, so the event loop does not run
+/// out of work while the operation is in flight elsewhere.
 template <class H>
 class HandlerCompletion final : public Completion {
  public:
-  explicit HandlerCompletion(H h) : handler_(std::move(h)), ex_(asio::get_associated_executor(handler_)) {}
+  explicit HandlerCompletion(H h)
+      : handler_(std::move(h)),
+        work_(asio::prefer(asio::get_associated_executor(handler_), asio::execution::outstanding_work.tracked)) {}
   void complete(Status st) override {
-    asio::post(ex_, [h = std::move(handler_), st = std::move(st)]() mutable { std::move(h)(std::move(st)); });
+    auto ex = std::move(work_);
+    asio::post(ex, [h = std::move(handler_), st = std::move(st)]() mutable { std::move(h)(std::move(st)); });
   }
 
  private:
   H handler_;
-  asio::associated_executor_t<H> ex_;
+  asio::any_io_executor work_;
 };
 
 template <class Handler>

@@ -32,7 +32,13 @@ class AsyncScope {
  private:
   asio::any_io_executor ex_;
   asio::steady_timer idle_;
-  std::list<asio::cancellation_signal> signals_;
+  struct Child {
+    asio::cancellation_signal signal;
+    bool finished = false;
+  };
+  void prune();
+  // A finished child's signal is freed later, never inside its own completion.
+  std::list<Child> children_;
   std::size_t pending_ = 0;
   std::exception_ptr error_;
 };

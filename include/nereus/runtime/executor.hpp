@@ -19,6 +19,7 @@ struct ExecutorOptions {
   unsigned per_link_concurrency = 2;   ///< transfers in flight per (src, dst) device pair
   std::size_t chunk_bytes = 64 << 20;  ///< a transfer is posted in lists of at most this much
   PeerId self = 0;                     ///< this process
+  bool remote_links = false;           ///< send link transfers inside this process through `remote` too
 };
 
 /// When one transfer ran (seconds from the start of the run).

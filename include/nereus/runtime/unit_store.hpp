@@ -1,0 +1,80 @@
+#pragma once
+// The local buffers of the units a process holds: allocated in its devices' arenas,
+// bound for the executor, filled and checked with the verification fill of sharding.md,
+// and written out as shard files.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "nereus/plan/reshard.hpp"
+#include "nereus/runtime/buffers.hpp"
+#include "nereus/runtime/device.hpp"
+
+namespace nereus {
+
+/// One local buffer: its key, element type, packing and the (tensor, shard) parts it
+/// stacks by rows, each starting at `base` elements.
+struct BufferSpec {
+  BufferKey key;
+  DType dtype;
+  Packing packing;
+  struct Part {
+    TensorId tensor;
+    Box shard;
+    std::int64_t base;
+  };
+  std::vector<Part> parts;
+  std::uint64_t bytes() const;
+};
+
+/// Buffers of collection `c` (side = source index or kTargetSide) on `devices`.
+std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t side, std::span<const DeviceId> devices);
+
+/// The outcome of checking buffers against the fill.
+struct FillCheck {
+  bool ok = true;
+  std::uint64_t buffers = 0;
+  std::uint64_t bytes = 0;
+  std::string first_error;
+};
+
+class UnitStore {
+ public:
+  /// Devices this process owns; capacity 0 sizes each arena to what it will hold.
+  UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self);
+
+  /// Allocates source and target buffers (throws Error when a device's cap is too
+  /// small) and fills the sources. Kept target buffers are bound to their source memory.
+  void allocate_and_fill(unsigned threads);
+  BufferTable& table() { return table_; }
+  std::map<DeviceId, std::unique_ptr<HostDevice>>& devices() { return devices_; }
+  const std::vector<BufferSpec>& source_buffers() const { return sources_; }
+  const std::vector<BufferSpec>& target_buffers() const { return targets_; }
+
+  FillCheck verify_targets(unsigned threads) const;
+  FillCheck verify_sources(unsigned threads) const;
+  /// Writes DIR/<device>/<buffer>@<slot>.bin for every target buffer; returns the
+  /// manifest entries (interfaces.md).
+  nlohmann::json dump(const std::string& dir) const;
+  /// Largest peak use of any device arena.
+  std::size_t peak_bytes() const;
+
+ private:
+  const std::byte* address(const BufferSpec& b) const;
+  FillCheck verify(const std::vector<BufferSpec>& bufs, unsigned threads) const;
+
+  const ReshardPlan& plan_;
+  std::vector<DeviceId> mine_;
+  std::size_t capacity_;
+  PeerId self_;
+  std::map<DeviceId, std::unique_ptr<HostDevice>> devices_;
+  std::vector<BufferSpec> sources_, targets_;
+  std::vector<DeviceBuffer> memory_;
+  BufferTable table_;
+};
+
+}  // namespace nereus

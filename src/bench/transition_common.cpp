@@ -1,0 +1,124 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <set>
+#include <thread>
+
+#include "nereus/core/error.hpp"
+#include "transition_bench.hpp"
+
+namespace nereus::bench {
+
+Prepared prepare(const TransitionConfig& c) {
+  if (c.train && c.sync) throw Error("--train and --sync exclude each other");
+  if (c.transport != "local" && c.transport != "ucx")
+    throw Error("--transport " + c.transport + " is not one of: local, ucx");
+  if (c.procs < 1) throw Error("--procs must be at least 1");
+  if (c.procs > 1 && c.transport == "local")
+    throw Error("--transport local moves bytes inside one process; use --transport ucx with --procs " + std::to_string(c.procs));
+  if (c.repeat < 1) throw Error("--repeat must be at least 1");
+  auto model = load_model(c.model);
+  auto spec = [](const char* flag, const std::string& s) {
+    try {
+      return parse_collection_spec(s);
+    } catch (const Error& e) {
+      throw Error(std::string(flag) + " " + s + ": " + e.what());
+    }
+  };
+  Collection src = Collection::from_spec(model, "source", spec("--from", c.from), c.train || c.sync);
+  Collection dst = Collection::from_spec(model, "target", spec("--to", c.to), c.train);
+  ReshardOptions opt;
+  opt.links.gpus_per_node = c.gpus_per_node;
+  ReshardPlan plan = plan_reshard(src, dst, opt);
+  std::set<DeviceId> all;
+  for (DeviceId d : src.devices()) all.insert(d);
+  for (DeviceId d : dst.devices()) all.insert(d);
+  std::vector<DeviceId> devices(all.begin(), all.end());
+  if (c.procs > static_cast<int>(devices.size()))
+    throw Error("--procs " + std::to_string(c.procs) + " exceeds the " + std::to_string(devices.size()) + " devices");
+  return {model, {std::move(src)}, std::move(dst), std::move(plan), std::move(devices)};
+}
+
+std::vector<DeviceId> devices_of(const std::vector<DeviceId>& all, int rank, int procs) {
+  const std::size_t n = all.size();
+  const std::size_t lo = n * static_cast<std::size_t>(rank) / static_cast<std::size_t>(procs);
+  const std::size_t hi = n * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(procs);
+  return {all.begin() + static_cast<std::ptrdiff_t>(lo), all.begin() + static_cast<std::ptrdiff_t>(hi)};
+}
+
+double memcpy_gbps(unsigned threads) {
+  threads = std::max(1u, threads);
+  const std::size_t per = std::size_t{128} << 20;
+  std::vector<std::vector<std::byte>> src(threads, std::vector<std::byte>(per, std::byte{1}));
+  std::vector<std::vector<std::byte>> dst(threads, std::vector<std::byte>(per, std::byte{0}));
+  std::vector<double> runs;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (unsigned k = 0; k < threads; ++k) pool.emplace_back([&, k] { std::memcpy(dst[k].data(), src[k].data(), per); });
+    for (auto& t : pool) t.join();
+    runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(runs.begin(), runs.end());
+  return static_cast<double>(per * threads) / runs[runs.size() / 2] / 1e9;
+}
+
+std::pair<double, double> median_min(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front()};
+}
+
+int report(const TransitionConfig& c, const Prepared& p, nlohmann::json r) {
+  const auto& s = p.plan.summary();
+  r["transport"] = c.transport;
+  r["procs"] = c.procs;
+  r["repeat"] = c.repeat;
+  r["model"] = c.model;
+  r["from"] = c.from;
+  r["to"] = c.to;
+  r["moved_bytes"] = s.moved_bytes;
+  r["local_bytes"] = s.local_bytes;
+  r["kept_bytes"] = s.kept_bytes;
+  r["target_bytes"] = s.target_bytes;
+  r["transfer_count"] = s.transfer_count;
+  r["plan_ms"] = s.plan_ms;
+  const bool failed = r.contains("error");
+  const bool verify_failed = r.contains("verified") && r["verified"].is_boolean() && !r["verified"].get<bool>();
+  if (c.json) {
+    std::cout << r.dump() << "\n";
+  } else if (!failed) {
+    std::cout << fmt::format("transition   {} {} -> {} ({}, {} process{})\n", c.model, c.from, c.to, c.transport, c.procs,
+                             c.procs == 1 ? "" : "es");
+    std::cout << fmt::format("moved        {:.3f} GB over links, {:.3f} GB copied on devices, {:.3f} GB kept\n",
+                             s.moved_bytes / 1e9, (s.local_bytes - s.kept_bytes) / 1e9, s.kept_bytes / 1e9);
+    std::cout << fmt::format("time         median {:.4f} s, min {:.4f} s over {} runs\n", r.value("seconds_median", 0.0),
+                             r.value("seconds_min", 0.0), c.repeat);
+    std::cout << fmt::format("bandwidth    {:.2f} GB/s moved, {:.2f} GB/s copied", r.value("gbps", 0.0), r.value("copy_gbps", 0.0));
+    if (r.contains("memcpy_gbps"))
+      std::cout << fmt::format(" (memcpy {:.2f} GB/s, ratio {:.2f})", r["memcpy_gbps"].get<double>(),
+                               r["ratio_to_memcpy"].get<double>());
+    std::cout << "\n";
+    if (r["verified"].is_boolean())
+      std::cout << fmt::format("verified     {}\n", r["verified"].get<bool>() ? "every destination byte matches the fill" : "MISMATCH");
+  }
+  if (failed) {
+    std::cerr << "nereus: error: " << r["error"].get<std::string>() << "\n";
+    return 1;
+  }
+  if (verify_failed) {
+    std::cerr << "nereus: error: verification failed: " << r.value("verify_error", std::string("?")) << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+int run_transition_bench(const TransitionConfig& c, const std::vector<std::string>& argv) {
+  if (c.worker_rank >= 0) return run_worker(c);
+  if (c.procs == 1) return run_single_process(c);
+  return run_parent(c, "/proc/self/exe", argv);
+}
+
+}  // namespace nereus::bench

@@ -1,0 +1,104 @@
+// One process owns every device: local copies, or UCX through a loopback endpoint.
+#include <filesystem>
+#include <fstream>
+
+#include "nereus/core/error.hpp"
+#include "nereus/runtime/executor.hpp"
+#include "nereus/runtime/unit_store.hpp"
+#include "nereus/transport/local.hpp"
+#include "nereus/transport/ucx.hpp"
+#include "transition_bench.hpp"
+
+namespace nereus::bench {
+
+namespace {
+
+/// Runs `a` on `io` until it completes (the io_context may have other work forever).
+template <class T>
+T run_until_done(asio::io_context& io, asio::awaitable<T> a) {
+  std::optional<T> out;
+  std::exception_ptr err;
+  bool done = false;
+  io.restart();  // a previous run that drained the loop left it stopped
+  asio::co_spawn(io, std::move(a), [&](std::exception_ptr e, T v) {
+    err = e;
+    if (!e) out = std::move(v);
+    done = true;
+  });
+  while (!done)
+    if (io.run_one() == 0) throw Error("internal: the event loop ran out of work before the run finished");
+  if (err) std::rethrow_exception(err);
+  return std::move(*out);
+}
+
+}  // namespace
+
+int run_single_process(const TransitionConfig& c) {
+  Prepared p = prepare(c);
+  UnitStore store(p.plan, p.devices, c.capacity.empty() ? 0 : parse_capacity(c.capacity), 0);
+  store.allocate_and_fill(c.copy_threads);
+  asio::io_context io;
+  LocalTransport local({c.copy_threads, 1 << 20});
+  std::unique_ptr<UcxTransport> ucx;
+  std::vector<Registration> regs;
+  if (c.transport == "ucx") {
+    ucx = std::make_unique<UcxTransport>(io);
+    if (Status st = ucx->connect(0, ucx->address()); !st) throw Error(st.message());
+    for (auto& [d, dev] : store.devices()) {
+      regs.push_back(ucx->register_memory({dev->arena(), dev->capacity(), d, MemoryKind::host}));
+      if (Status st = ucx->add_remote_region(0, d, regs.back().remote_key); !st) throw Error(st.message());
+    }
+  }
+  ExecutorOptions eo;
+  eo.per_link_concurrency = c.per_link;
+  eo.chunk_bytes = c.chunk_bytes;
+  eo.remote_links = ucx != nullptr;
+  Executor ex(local, ucx.get(), [](DeviceId) { return PeerId{0}; }, eo);
+  const auto transfers = p.plan.transfers();
+  const BoundTransition bound = ex.bind(transfers, p.target, store.table());
+
+  std::vector<double> secs;
+  ExecutionReport last;
+  for (int r = 0; r < c.repeat; ++r) {
+    last = run_until_done(io, ex.run(bound));
+    secs.push_back(last.seconds);
+  }
+  const auto [median, min] = median_min(secs);
+  nlohmann::json out;
+  out["seconds_median"] = median;
+  out["seconds_min"] = min;
+  const double copied = static_cast<double>(last.link_bytes + last.local_bytes);
+  out["gbps"] = static_cast<double>(p.plan.summary().moved_bytes) / median / 1e9;
+  out["copied_bytes"] = last.link_bytes + last.local_bytes;
+  out["copy_gbps"] = copied / median / 1e9;
+  out["units_committed"] = last.commits.size();
+  out["peak_device_bytes"] = store.peak_bytes();
+  if (c.transport == "local") {
+    const double mc = memcpy_gbps(c.copy_threads);
+    out["memcpy_gbps"] = mc;
+    out["ratio_to_memcpy"] = copied / median / 1e9 / mc;
+  }
+  out["verified"] = nullptr;
+  if (c.verify) {
+    const FillCheck t = store.verify_targets(c.copy_threads);
+    const FillCheck s = store.verify_sources(c.copy_threads);
+    out["verified"] = t.ok && s.ok;
+    out["verified_bytes"] = t.bytes;
+    if (!t.ok || !s.ok) out["verify_error"] = t.ok ? "source " + s.first_error : t.first_error;
+  }
+  if (!c.dump_dir.empty()) {
+    nlohmann::json files = store.dump(c.dump_dir);
+    std::ofstream(std::filesystem::path(c.dump_dir) / "manifest.json") << nlohmann::json{{"files", files}}.dump(1) << "\n";
+  }
+  if (ucx) {
+    for (const auto& reg : regs) ucx->deregister_memory(reg);
+    run_until_done(io, [](UcxTransport& u) -> asio::awaitable<int> {
+      co_await u.shutdown();
+      co_return 0;
+    }(*ucx));
+    io.run();
+  }
+  return report(c, p, std::move(out));
+}
+
+}  // namespace nereus::bench

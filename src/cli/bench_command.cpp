@@ -1,0 +1,44 @@
+// `nereus bench transition`: move real bytes for a transition and time it.
+#include <memory>
+
+#include "../bench/transition_bench.hpp"
+#include "commands.hpp"
+#include "nereus/core/error.hpp"
+
+namespace nereus::cli {
+
+void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
+  CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks that move real bytes");
+  bench->require_subcommand(1);
+  auto c = std::make_shared<bench::TransitionConfig>();
+  CLI::App* t = bench->add_subcommand("transition", "Fill source shards, run a transition R times, time and verify it");
+  t->add_option("--model", c->model, "config.json path or preset name")->required();
+  t->add_option("--from", c->from, "source layout spec")->required();
+  t->add_option("--to", c->to, "target layout spec")->required();
+  t->add_flag("--train", c->train, "every unit carries the training slots");
+  t->add_flag("--sync", c->sync, "weight sync: training source, generation target (param only)");
+  t->add_option("--transport", c->transport, "local | ucx")->check(CLI::IsMember({"local", "ucx"}));
+  t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx")
+      ->check(CLI::PositiveNumber);
+  t->add_option("--repeat", c->repeat, "runs to time (default 3)")->check(CLI::PositiveNumber);
+  t->add_flag("--verify", c->verify, "check every destination (and source) byte against the fill");
+  t->add_option("--dump", c->dump_dir, "write destination shards and manifest.json to DIR");
+  t->add_flag("--json", c->json, "print one JSON object");
+  t->add_option("--capacity", c->capacity, "memory cap per device (e.g. 2GiB); default: what it holds");
+  t->add_option("--copy-threads", c->copy_threads, "copy threads per process (default 2)")->check(CLI::PositiveNumber);
+  t->add_option("--per-link", c->per_link, "transfers in flight per device pair (default 2)")->check(CLI::PositiveNumber);
+  t->add_option("--chunk-bytes", c->chunk_bytes, "largest posted descriptor list (default 64 MiB)")->check(CLI::PositiveNumber);
+  t->add_option("--gpus-per-node", c->gpus_per_node, "for sender choice (default 8)")->check(CLI::PositiveNumber);
+  t->add_option("--timeout", c->timeout_seconds, "give up a phase after this many seconds (default 300)")
+      ->check(CLI::PositiveNumber);
+  // Internal: how the parent starts its workers, and fault injection for tests.
+  t->add_option("--worker-rank", c->worker_rank)->group("");
+  t->add_option("--control-fd", c->control_fd)->group("");
+  t->add_option("--inject-kill-worker", c->kill_worker)->group("");
+  t->callback([c, &argv] {
+    const int rc = bench::run_transition_bench(*c, argv);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace nereus::cli

@@ -1,0 +1,204 @@
+#include "nereus/runtime/unit_store.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "nereus/core/error.hpp"
+#include "nereus/core/fill.hpp"
+#include "nereus/core/packing.hpp"
+#include "nereus/core/sharding.hpp"
+
+namespace nereus {
+
+std::uint64_t BufferSpec::bytes() const {
+  std::int64_t n = 0;
+  for (const Part& p : parts) n = std::max(n, p.base + p.shard.elements());
+  return static_cast<std::uint64_t>(n) * width(dtype);
+}
+
+std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t side, std::span<const DeviceId> devices) {
+  const std::set<DeviceId> want(devices.begin(), devices.end());
+  const ModelSpec& m = *c.model;
+  std::vector<BufferSpec> out;
+  for (const Emu& u : c.units)
+    for (int s = 0; s < u.layout.pp; ++s)
+      for (int r = 0; r < u.layout.tp; ++r) {
+        const DeviceId d = u.device(s, r);
+        if (!want.count(d)) continue;
+        std::map<TensorId, std::vector<BufferSpec::Part>> parts;
+        for (TensorId t = 0; t < m.tensors().size(); ++t) {
+          if (!stage_holds(m.config(), u.layout, s, m.tensor(t))) continue;
+          const ShardPlace p = place_shard(m, t, u.layout, r);
+          parts[p.buffer].push_back({t, p.shard, p.base});
+        }
+        for (const auto& [lead, ps] : parts)
+          for (Slot slot : c.slots())
+            out.push_back({{side, d, lead, slot}, slot_dtype(slot, m.config().dtype), u.layout.packing, ps});
+      }
+  return out;
+}
+
+UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self)
+    : plan_(plan), mine_(std::move(devices)), capacity_(capacity), self_(self) {
+  for (std::uint32_t c = 0; c < plan.sources().size(); ++c) {
+    auto b = collection_buffers(plan.sources()[c], c, mine_);
+    sources_.insert(sources_.end(), b.begin(), b.end());
+  }
+  targets_ = collection_buffers(plan.target(), kTargetSide, mine_);
+}
+
+void UnitStore::allocate_and_fill(unsigned threads) {
+  // Kept target buffers alias their source buffer: nothing to allocate or copy.
+  std::map<BufferKey, BufferKey> alias;
+  for (const Transfer& t : plan_.transfers_touching(mine_))
+    if (t.keep) alias[{kTargetSide, t.dst, t.dst_view.buffer, t.slot}] = {t.source, t.src, t.src_view.buffer, t.slot};
+  std::map<DeviceId, std::uint64_t> need;
+  for (const auto& b : sources_) need[b.key.device] += (b.bytes() + 255) / 256 * 256;
+  for (const auto& b : targets_)
+    if (!alias.count(b.key)) need[b.key.device] += (b.bytes() + 255) / 256 * 256;
+  for (DeviceId d : mine_)
+    devices_[d] = std::make_unique<HostDevice>(d, capacity_ ? capacity_ : need[d] + (1 << 20));
+  for (const auto* list : {&sources_, &targets_})
+    for (const auto& b : *list) {
+      if (alias.count(b.key)) continue;
+      memory_.push_back(devices_.at(b.key.device)->allocate(
+          b.bytes(), std::string(b.key.side == kTargetSide ? "target " : "source ") +
+                         buffer_name(*plan_.target().model, b.key.buffer, b.packing) + "@" +
+                         std::string(to_string(b.key.slot))));
+      table_.bind(b.key, {reinterpret_cast<std::uint64_t>(memory_.back().data()), b.bytes(), self_});
+    }
+  for (const auto& [t, s] : alias) table_.bind(t, *table_.find(s));
+
+  // The fill: each part's elements in shard order, row-major in the buffer.
+  const ModelSpec& m = *plan_.target().model;
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next++; i < sources_.size(); i = next++) {
+      const BufferSpec& b = sources_[i];
+      auto* base = const_cast<std::byte*>(address(b));
+      const std::uint32_t w = width(b.dtype);
+      for (const auto& part : b.parts) {
+        const TensorInfo& info = m.tensor(part.tensor);
+        const std::uint64_t seed = fill_seed(info.name, to_string(b.key.slot));
+        const std::int64_t cols = info.rank == 2 ? info.shape[1] : 1;
+        const Range rows = part.shard.dims[0];
+        const Range cr = info.rank == 2 ? part.shard.dims[1] : Range{0, 1};
+        std::byte* p = base + static_cast<std::size_t>(part.base) * w;
+        for (std::int64_t i0 = rows.lo; i0 < rows.hi; ++i0)
+          for (std::int64_t j = cr.lo; j < cr.hi; ++j, p += w) {
+            const std::uint64_t v = fill_value(seed, static_cast<std::uint64_t>(i0 * cols + j));
+            std::memcpy(p, &v, w);  // little-endian host: the low bytes
+          }
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
+const std::byte* UnitStore::address(const BufferSpec& b) const {
+  const BoundBuffer* x = table_.find(b.key);
+  if (!x) throw Error("buffer not bound on device " + std::to_string(b.key.device));
+  return reinterpret_cast<const std::byte*>(x->address);
+}
+
+FillCheck UnitStore::verify(const std::vector<BufferSpec>& bufs, unsigned threads) const {
+  const ModelSpec& m = *plan_.target().model;
+  std::atomic<std::size_t> next{0};
+  std::vector<FillCheck> results(std::max(1u, threads));
+  auto work = [&](FillCheck& res) {
+    for (std::size_t i = next++; i < bufs.size(); i = next++) {
+      const BufferSpec& b = bufs[i];
+      const std::byte* base = address(b);
+      const std::uint32_t w = width(b.dtype);
+      ++res.buffers;
+      res.bytes += b.bytes();
+      for (const auto& part : b.parts) {
+        const TensorInfo& info = m.tensor(part.tensor);
+        const std::uint64_t seed = fill_seed(info.name, to_string(b.key.slot));
+        const std::int64_t cols = info.rank == 2 ? info.shape[1] : 1;
+        const Range rows = part.shard.dims[0];
+        const Range cr = info.rank == 2 ? part.shard.dims[1] : Range{0, 1};
+        const std::byte* p = base + static_cast<std::size_t>(part.base) * w;
+        bool bad = false;
+        for (std::int64_t i0 = rows.lo; i0 < rows.hi && !bad; ++i0)
+          for (std::int64_t j = cr.lo; j < cr.hi; ++j, p += w) {
+            const std::uint64_t v = fill_value(seed, static_cast<std::uint64_t>(i0 * cols + j));
+            if (std::memcmp(p, &v, w) != 0) {
+              bad = true;
+              if (res.ok)
+                res.first_error = "device " + std::to_string(b.key.device) + " " + info.name + "@" +
+                                  std::string(to_string(b.key.slot)) + " element [" + std::to_string(i0) + "," +
+                                  std::to_string(j) + "] differs from the fill";
+              res.ok = false;
+              break;
+            }
+          }
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < results.size(); ++k) pool.emplace_back(work, std::ref(results[k]));
+  work(results[0]);
+  for (auto& t : pool) t.join();
+  FillCheck all;
+  for (const auto& r : results) {
+    all.buffers += r.buffers;
+    all.bytes += r.bytes;
+    if (!r.ok && all.ok) all.first_error = r.first_error;
+    all.ok = all.ok && r.ok;
+  }
+  return all;
+}
+
+FillCheck UnitStore::verify_targets(unsigned threads) const { return verify(targets_, threads); }
+FillCheck UnitStore::verify_sources(unsigned threads) const { return verify(sources_, threads); }
+
+nlohmann::json UnitStore::dump(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  const ModelSpec& m = *plan_.target().model;
+  auto files = nlohmann::json::array();
+  auto box_json = [](const Box& b) {
+    auto a = nlohmann::json::array();
+    for (int d = 0; d < b.rank; ++d) a.push_back({b.dims[d].lo, b.dims[d].hi});
+    return a;
+  };
+  for (const BufferSpec& b : targets_) {
+    const std::string name = buffer_name(m, b.key.buffer, b.packing);
+    const std::string rel = std::to_string(b.key.device) + "/" + name + "@" + std::string(to_string(b.key.slot)) + ".bin";
+    fs::create_directories(fs::path(dir) / std::to_string(b.key.device));
+    std::ofstream out(fs::path(dir) / rel, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(address(b)), static_cast<std::streamsize>(b.bytes()));
+    if (!out) throw Error("cannot write " + (fs::path(dir) / rel).string());
+    nlohmann::json e = {{"file", rel},
+                        {"device", b.key.device},
+                        {"slot", std::string(to_string(b.key.slot))},
+                        {"dtype", std::string(to_string(b.dtype))}};
+    if (b.parts.size() == 1) {
+      e["tensor"] = name;
+      e["box"] = box_json(b.parts[0].shard);
+    } else {  // a fused buffer: its parts in order instead of tensor/box
+      auto parts = nlohmann::json::array();
+      for (const auto& p : b.parts) parts.push_back({{"tensor", m.tensor(p.tensor).name}, {"box", box_json(p.shard)}});
+      e["buffer"] = name;
+      e["parts"] = std::move(parts);
+    }
+    files.push_back(std::move(e));
+  }
+  return files;
+}
+
+std::size_t UnitStore::peak_bytes() const {
+  std::size_t p = 0;
+  for (const auto& [d, dev] : devices_) p = std::max(p, dev->peak());
+  return p;
+}
+
+}  // namespace nereus
