@@ -27,6 +27,10 @@ struct TransitionConfig {
   int gpus_per_node = 8;
   double timeout_seconds = 300;
   int kill_worker = -1;  ///< fault injection: this worker dies during the first run
+  /// UCX peer-failure handling: detects dead peers inside UCX but rules out its shared
+  /// memory transports (sysv/posix/cma lack it), so off by default on one host, where
+  /// the control channel detects a dead worker.
+  bool ucx_peer_errors = false;
   // Set in worker processes only.
   int worker_rank = -1;
   int control_fd = -1;

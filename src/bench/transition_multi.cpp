@@ -88,7 +88,8 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
   std::string error;
 
   // Collects one `type` message from each live worker; a death or failure ends the phase.
-  auto gather = [&](const char* type, clock::time_point until) -> asio::awaitable<std::map<int, json>> {
+  // Stops at the first death or failure when `fail_fast`.
+  auto gather = [&](const char* type, clock::time_point until, bool fail_fast = true) -> asio::awaitable<std::map<int, json>> {
     std::map<int, json> got;
     int live = 0;
     for (const auto& k : kids) live += k.alive;
@@ -103,12 +104,14 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
       if (t == "eof") {
         kids[r].alive = false;
         if (error.empty()) error = "worker " + std::to_string(r) + " (pid " + std::to_string(kids[r].pid) + ") " + exit_text(kids[r].pid) + " during '" + std::string(type) + "'";
+        if (fail_fast) break;  // do not wait on workers that may be stuck on the dead one
         --live;
         continue;
       }
       if (t == "failed") {
         if (error.empty()) error = "worker " + std::to_string(r) + ": " + m.value("error", std::string("?"));
         got[r] = m;
+        if (fail_fast) break;
         continue;
       }
       if (t == type) got[r] = m;
@@ -154,18 +157,18 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     last_done = {{"link_bytes", link}, {"local_bytes", local}};
   }
   if (!error.empty()) {
+    const std::string first = error;
     // Stop whoever still runs; the sources must still verify.
     {
       const json msg = {{"type", "abort"}};
       co_await broadcast(msg);
     }
-    co_await gather("aborted", clock::now() + std::chrono::seconds(10));
-    const std::string first = error;
+    co_await gather("aborted", clock::now() + std::chrono::seconds(10), false);
     {
       const json msg = {{"type", "verify"}, {"sources_only", true}};
       co_await broadcast(msg);
     }
-    auto v = co_await gather("verified", clock::now() + std::chrono::seconds(60));
+    auto v = co_await gather("verified", clock::now() + std::chrono::seconds(60), false);
     bool ok = !v.empty();
     for (auto& [r, m] : v) ok = ok && m.value("sources_ok", false);
     out["error"] = first;

@@ -42,7 +42,9 @@ int run_single_process(const TransitionConfig& c) {
   std::unique_ptr<UcxTransport> ucx;
   std::vector<Registration> regs;
   if (c.transport == "ucx") {
-    ucx = std::make_unique<UcxTransport>(io);
+    UcxOptions uo;
+    uo.peer_error_handling = c.ucx_peer_errors;
+    ucx = std::make_unique<UcxTransport>(io, uo);
     if (Status st = ucx->connect(0, ucx->address()); !st) throw Error(st.message());
     for (auto& [d, dev] : store.devices()) {
       regs.push_back(ucx->register_memory({dev->arena(), dev->capacity(), d, MemoryKind::host}));

@@ -14,6 +14,19 @@ namespace nereus::bench {
 
 namespace {
 
+/// Whether every coroutine of `scope` finished within `limit`.
+asio::awaitable<bool> join_within(AsyncScope& scope, std::chrono::milliseconds limit) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (scope.pending() > 0 && std::chrono::steady_clock::now() < until) {
+    t.expires_after(std::chrono::milliseconds(5));
+    co_await t.async_wait(asio::use_awaitable);
+  }
+  if (scope.pending() > 0) co_return false;
+  co_await scope.join();
+  co_return true;
+}
+
 struct Worker {
   const TransitionConfig& c;
   Prepared& p;
@@ -61,7 +74,7 @@ struct Worker {
         buffers.push_back({key.side, key.device, key.buffer, static_cast<int>(key.slot), b.address, b.bytes});
     {
       const json msg = {{"type", "ready"}, {"address", binary(ucx.address())}, {"regions", regions}, {"buffers", buffers}};
-      co_await send(control,msg);
+      co_await send(control, msg);
     }
 
     json peers = co_await receive(control);
@@ -87,11 +100,12 @@ struct Worker {
     const BoundTransition bound = ex.bind(transfers, p.target, store.table());
     {
       const json msg = {{"type", "connected"}};
-      co_await send(control,msg);
+      co_await send(control, msg);
     }
 
     AsyncScope scope(co_await asio::this_coro::executor);
     asio::steady_timer doom(io);
+    bool stuck = false;
     for (;;) {
       json m = co_await receive(control);
       const std::string t = m.value("type", std::string("eof"));
@@ -103,13 +117,13 @@ struct Worker {
         scope.spawn(run_once(ex, bound));
       } else if (t == "abort") {
         ex.cancel();
-        co_await scope.join();
-        {
-          const json msg = {{"type", "aborted"}};
-          co_await send(control,msg);
-        }
+        // RMA gets cannot always be cancelled (ucp_request_cancel covers receives):
+        // wait a bounded time, then leave them; they only write destination buffers.
+        stuck = !co_await join_within(scope, std::chrono::seconds(2));
+        const json msg = {{"type", "aborted"}, {"stuck", stuck}};
+        co_await send(control, msg);
       } else if (t == "verify") {
-        co_await scope.join();
+        if (!stuck) co_await scope.join();
         const bool sources_only = m.value("sources_only", false);
         const FillCheck s = store.verify_sources(c.copy_threads);
         json r = {{"type", "verified"}, {"sources_ok", s.ok}, {"bytes", s.bytes}};
@@ -124,11 +138,11 @@ struct Worker {
       } else if (t == "dump") {
         {
           const json msg = {{"type", "dumped"}, {"files", store.dump(m["dir"].get<std::string>())}};
-          co_await send(control,msg);
+          co_await send(control, msg);
         }
       } else {  // "exit", or the parent went away
         ex.cancel();
-        co_await scope.join();
+        if (stuck || !co_await join_within(scope, std::chrono::seconds(2))) std::_Exit(3);  // nothing left to save
         break;
       }
     }
@@ -153,7 +167,9 @@ int run_worker(const TransitionConfig& c) {
     return 1;
   }
   LocalTransport local({c.copy_threads, 1 << 20});
-  UcxTransport ucx(io);
+  UcxOptions uo;
+  uo.peer_error_handling = c.ucx_peer_errors;
+  UcxTransport ucx(io, uo);
   Worker w{c, p, io, control, store, local, ucx, p.devices};
   std::exception_ptr err;
   asio::co_spawn(io, w.main(), [&](std::exception_ptr e) { err = e; });
