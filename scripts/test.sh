@@ -15,7 +15,7 @@ run_suite() {  # DIR, then meson setup options
   echo "== test $dir"
   local log
   log=$(mktemp)
-  meson test -C "$dir" --no-rebuild --print-errorlogs --suite unit --suite cli --suite smoke \
+  meson test -C "$dir" --no-rebuild --print-errorlogs --suite unit --suite cli --suite smoke --suite integration \
     --num-processes 2 2>&1 | tee "$log"
   local ok fail
   ok=$(awk '/^Ok:/ {print $2}' "$log" | tail -1)

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "control.hpp"
+#include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/local.hpp"
@@ -83,7 +84,8 @@ std::string exit_text(pid_t pid) {
 asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, const Prepared& p, std::vector<Child>& kids,
                              json& out) {
   Inbox inbox(io);
-  for (int r = 0; r < c.procs; ++r) asio::co_spawn(io, pump(*kids[r].socket, r, inbox), asio::detached);
+  AsyncScope pumps(io.get_executor());  // joined below, before the inbox goes away
+  for (int r = 0; r < c.procs; ++r) pumps.spawn(pump(*kids[r].socket, r, inbox));
   const auto deadline = [&] { return clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(c.timeout_seconds)); };
   std::string error;
 
@@ -217,6 +219,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     co_await broadcast(msg);
   }
   for (auto& k : kids) k.socket->close();
+  co_await pumps.join();
 }
 
 }  // namespace
