@@ -107,6 +107,12 @@ TEST_CASE("device arenas: cap, current and peak use, reuse after free") {
   CHECK(d.used() == 0);
   auto whole = d.allocate(1 << 20, "whole");  // freed blocks coalesced
   CHECK(whole.size() == 1 << 20);
+  auto q = d.make_queue();
+  std::memset(whole.data(), 7, 64);
+  q->copy(whole.data() + 64, whole.data(), 64);
+  CHECK(q->record()->ready());
+  CHECK(q->idle());
+  CHECK(std::to_integer<int>(whole.data()[100]) == 7);
   CHECK(parse_capacity("2GiB") == (std::size_t{2} << 30));
   CHECK(parse_capacity("1.5GB") == 1500000000u);
   CHECK(error_of([] { parse_capacity("2GB/s"); }).find("unknown unit") != std::string::npos);

@@ -1,6 +1,7 @@
 #include "nereus/transport/ucx.hpp"
 
 #include <ucp/api/ucp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <boost/asio/posix/descriptor_base.hpp>
@@ -71,8 +72,11 @@ struct UcxTransport::Impl {
   asio::awaitable<void> progress_loop() {
     while (!stopping) {
       if (in_flight > 0) {
-        while (ucp_worker_progress(worker) != 0) {
-        }
+        unsigned n = 0;
+        while (ucp_worker_progress(worker) != 0) ++n;
+        // Nothing moved: give the core to whoever does (copy threads, peers on the
+        // same host) before polling again.
+        if (n == 0) sched_yield();
         co_await asio::post(io, asio::use_awaitable);  // let completions run
         continue;
       }

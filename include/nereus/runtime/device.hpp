@@ -40,11 +40,20 @@ class DeviceBuffer {
   std::size_t size_ = 0;
 };
 
+/// A point in a queue's work (a CUDA event): ready once everything enqueued before it ran.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  virtual bool ready() const = 0;
+};
+
 /// An ordered asynchronous work queue of a device (a CUDA stream); host queues run work
 /// at once.
 class DeviceQueue {
  public:
   virtual ~DeviceQueue() = default;
+  /// Marks the current end of the queue's work.
+  virtual std::unique_ptr<DeviceEvent> record() = 0;
   /// Enqueues a copy of n bytes inside this device's memory.
   virtual void copy(std::byte* dst, const std::byte* src, std::size_t n) = 0;
   /// True once everything enqueued so far has run.
