@@ -1,6 +1,8 @@
 // Core value types: model configs, tensor lists, layouts, boxes, the fill.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,17 +18,10 @@
 #include "reference.hpp"
 
 using namespace nereus;
+using testing::error_of;
+using testing::has;
 
 namespace {
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 }  // namespace
 
 TEST_CASE("presets parse and give the published parameter counts") {

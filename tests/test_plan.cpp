@@ -1,6 +1,8 @@
 // Reshard planner: the worked examples of the issue, source choice, placement, errors.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -11,6 +13,8 @@
 #include "nereus/plan/reshard.hpp"
 
 using namespace nereus;
+using testing::error_of;
+using testing::has;
 
 namespace {
 
@@ -20,14 +24,6 @@ Collection coll(const std::string& model, const std::string& spec, bool train = 
 
 double gb(std::uint64_t b) { return static_cast<double>(b) / 1e9; }
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

@@ -1,22 +1,18 @@
 // Split, Merge, Extend, Destroy, Sync as transformations of EMU collections.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include "nereus/core/error.hpp"
 #include "nereus/plan/primitives.hpp"
 
 using namespace nereus;
+using testing::error_of;
+using testing::has;
 
 namespace {
 Collection coll(const std::string& spec, bool train = true) {
   return Collection::from_spec(load_model("tiny-llama"), "actor/train", parse_collection_spec(spec), train);
-}
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 }  // namespace
 

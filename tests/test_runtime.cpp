@@ -2,6 +2,8 @@
 // the local transport moving real bytes.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <cstring>
 #include <numeric>
 
@@ -12,17 +14,11 @@
 #include "nereus/transport/local.hpp"
 
 using namespace nereus;
+using testing::error_of;
+using testing::has;
 
 namespace {
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 template <class T>
 T run_sync(asio::io_context& io, asio::awaitable<T> a) {

@@ -1,6 +1,8 @@
 // Tensor lists from safetensors headers and index files, checked against configs.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -9,6 +11,8 @@
 #include "nereus/core/safetensors.hpp"
 
 using namespace nereus;
+using testing::error_of;
+using testing::has;
 namespace fs = std::filesystem;
 
 namespace {
@@ -46,15 +50,6 @@ std::pair<nlohmann::json, std::uint64_t> header_of(const ModelSpec& m) {
   return {h, at};
 }
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

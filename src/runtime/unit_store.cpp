@@ -43,6 +43,26 @@ std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t si
   return out;
 }
 
+namespace {
+
+/// Calls f(pointer, fill value) for every element of one part of a buffer, in buffer order.
+template <class F>
+void for_each_fill_element(const ModelSpec& m, const BufferSpec& b, const BufferSpec::Part& part, const std::byte* base,
+                           F&& f) {
+  const TensorInfo& info = m.tensor(part.tensor);
+  const std::uint32_t w = width(b.dtype);
+  const std::uint64_t seed = fill_seed(info.name, to_string(b.key.slot));
+  const std::int64_t cols = info.rank == 2 ? info.shape[1] : 1;
+  const Range rows = part.shard.dims[0];
+  const Range cr = info.rank == 2 ? part.shard.dims[1] : Range{0, 1};
+  const std::byte* p = base + static_cast<std::size_t>(part.base) * w;
+  for (std::int64_t i = rows.lo; i < rows.hi; ++i)
+    for (std::int64_t j = cr.lo; j < cr.hi; ++j, p += w)
+      if (!f(p, fill_value(seed, static_cast<std::uint64_t>(i * cols + j)), i, j)) return;
+}
+
+}  // namespace
+
 UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self)
     : plan_(plan), mine_(std::move(devices)), capacity_(capacity), self_(self) {
   for (std::uint32_t c = 0; c < plan.sources().size(); ++c) {
@@ -80,21 +100,12 @@ void UnitStore::allocate_and_fill(unsigned threads) {
   auto work = [&] {
     for (std::size_t i = next++; i < sources_.size(); i = next++) {
       const BufferSpec& b = sources_[i];
-      auto* base = const_cast<std::byte*>(address(b));
       const std::uint32_t w = width(b.dtype);
-      for (const auto& part : b.parts) {
-        const TensorInfo& info = m.tensor(part.tensor);
-        const std::uint64_t seed = fill_seed(info.name, to_string(b.key.slot));
-        const std::int64_t cols = info.rank == 2 ? info.shape[1] : 1;
-        const Range rows = part.shard.dims[0];
-        const Range cr = info.rank == 2 ? part.shard.dims[1] : Range{0, 1};
-        std::byte* p = base + static_cast<std::size_t>(part.base) * w;
-        for (std::int64_t i0 = rows.lo; i0 < rows.hi; ++i0)
-          for (std::int64_t j = cr.lo; j < cr.hi; ++j, p += w) {
-            const std::uint64_t v = fill_value(seed, static_cast<std::uint64_t>(i0 * cols + j));
-            std::memcpy(p, &v, w);  // little-endian host: the low bytes
-          }
-      }
+      for (const auto& part : b.parts)
+        for_each_fill_element(m, b, part, address(b), [w](const std::byte* p, std::uint64_t v, std::int64_t, std::int64_t) {
+          std::memcpy(const_cast<std::byte*>(p), &v, w);  // little-endian host: the low bytes
+          return true;
+        });
     }
   };
   std::vector<std::thread> pool;
@@ -120,28 +131,16 @@ FillCheck UnitStore::verify(const std::vector<BufferSpec>& bufs, unsigned thread
       const std::uint32_t w = width(b.dtype);
       ++res.buffers;
       res.bytes += b.bytes();
-      for (const auto& part : b.parts) {
-        const TensorInfo& info = m.tensor(part.tensor);
-        const std::uint64_t seed = fill_seed(info.name, to_string(b.key.slot));
-        const std::int64_t cols = info.rank == 2 ? info.shape[1] : 1;
-        const Range rows = part.shard.dims[0];
-        const Range cr = info.rank == 2 ? part.shard.dims[1] : Range{0, 1};
-        const std::byte* p = base + static_cast<std::size_t>(part.base) * w;
-        bool bad = false;
-        for (std::int64_t i0 = rows.lo; i0 < rows.hi && !bad; ++i0)
-          for (std::int64_t j = cr.lo; j < cr.hi; ++j, p += w) {
-            const std::uint64_t v = fill_value(seed, static_cast<std::uint64_t>(i0 * cols + j));
-            if (std::memcmp(p, &v, w) != 0) {
-              bad = true;
-              if (res.ok)
-                res.first_error = "device " + std::to_string(b.key.device) + " " + info.name + "@" +
-                                  std::string(to_string(b.key.slot)) + " element [" + std::to_string(i0) + "," +
-                                  std::to_string(j) + "] differs from the fill";
-              res.ok = false;
-              break;
-            }
-          }
-      }
+      for (const auto& part : b.parts)
+        for_each_fill_element(m, b, part, base, [&](const std::byte* p, std::uint64_t v, std::int64_t i0, std::int64_t j) {
+          if (std::memcmp(p, &v, w) == 0) return true;
+          if (res.ok)
+            res.first_error = "device " + std::to_string(b.key.device) + " " + m.tensor(part.tensor).name + "@" +
+                              std::string(to_string(b.key.slot)) + " element [" + std::to_string(i0) + "," +
+                              std::to_string(j) + "] differs from the fill";
+          res.ok = false;
+          return false;
+        });
     }
   };
   std::vector<std::thread> pool;
