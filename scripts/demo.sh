@@ -18,3 +18,7 @@ say "Weight sync of a training actor (tp=4,pp=2) into 8 generation replicas (tp=
   $nereus plan --model qwen3-8b --sync --from tp=4,pp=2,dp=1 --to tp=1,pp=1,dp=8,devices=8-15
 say "llama-3.3-70b with optimizer state on 1,024 GPUs: tp=8,pp=2,dp=64 -> tp=4,pp=4,dp=64" \
   $nereus plan --model llama-3.3-70b --train --from tp=8,pp=2,dp=64 --to tp=4,pp=4,dp=64 --optimize-placement
+say "Move real bytes: llama-3.2-1b tp=4 -> tp=2,dp=2 on 4 host devices, every byte verified" \
+  $nereus bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --verify
+say "The same across 2 processes over UCX" \
+  $nereus bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport ucx --procs 2 --verify

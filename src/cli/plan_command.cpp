@@ -35,6 +35,14 @@ auto in_context(const std::string& flag, const std::string& spec, F&& f) {
   }
 }
 
+/// A spec for people: a long device list is cut after 96 characters.
+std::string readable(const CollectionSpec& spec) {
+  std::string s = to_string(spec);
+  if (s.size() <= 140) return s;
+  const auto cut = s.rfind(':', s.find(",devices=") + 96);
+  return s.substr(0, cut) + ":... (" + std::to_string(spec.devices.size()) + " devices; --json lists all)";
+}
+
 void run_plan(const PlanArgs& a) {
   const auto model = load_model(a.model);
   if (!a.weights.empty()) check_checkpoint(*model, read_checkpoint_tensors(a.weights));
@@ -116,8 +124,8 @@ void run_plan(const PlanArgs& a) {
   std::cout << fmt::format("model        {} ({}, {:.2f} B parameters, {}{})\n", a.model, to_string(c.arch),
                            static_cast<double>(model->parameters()) / 1e9, to_string(c.dtype),
                            a.train ? ", training slots" : (a.sync ? ", weight sync" : ""));
-  std::cout << fmt::format("from         {}\n", to_string(from));
-  std::cout << fmt::format("to           {}{}\n", to_string(CollectionSpec{to.layout, to.dp, target_devices}),
+  std::cout << fmt::format("from         {}\n", readable(from));
+  std::cout << fmt::format("to           {}{}\n", readable(CollectionSpec{to.layout, to.dp, target_devices}),
                            a.optimize ? "  (placement optimised)" : "");
   const double pct = s.target_bytes ? 100.0 * static_cast<double>(s.moved_bytes) / static_cast<double>(s.target_bytes) : 0;
   std::cout << fmt::format("target       {}\n", human_bytes(s.target_bytes));
