@@ -8,19 +8,13 @@ import struct
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+from harness import check, finish  # noqa: E402
 import time
 
 NEREUS = sys.argv[1]
-failures, passed = [], 0
 
-
-def check(cond, what):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 def bench(*args, timeout=240):
@@ -132,5 +126,4 @@ p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--f
                     "tp=1,pp=1,dp=2", "--procs", "2"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")
 
-print(f"bench: {passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish("bench")

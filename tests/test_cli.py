@@ -8,23 +8,16 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+from harness import check, finish  # noqa: E402
+
 NEREUS = sys.argv[1]
-failures = []
-passed = 0
 
 
 def run(*args):
     p = subprocess.run([NEREUS, *args], capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout, p.stderr
 
-
-def check(cond, what):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 def plan_json(*args):
@@ -114,5 +107,4 @@ check(rc != 0 and "--from" in err, "missing option named")
 rc, _, _ = run()
 check(rc != 0, "no sub-command exits non-zero")
 
-print(f"cli: {passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish("cli")
