@@ -11,6 +11,7 @@
 #include "nereus/core/emu.hpp"
 #include "nereus/core/error.hpp"
 #include "nereus/core/fill.hpp"
+#include "nereus/core/job.hpp"
 #include "nereus/core/layout.hpp"
 #include "nereus/core/packing.hpp"
 #include "nereus/core/presets.hpp"
@@ -37,11 +38,11 @@ TEST_CASE("presets parse and give the published parameter counts") {
 TEST_CASE("presets are the files of ../shared (when it is there)") {
   const char* shared = std::getenv("NEREUS_SHARED");
   if (!shared || !std::filesystem::is_directory(std::string(shared) + "/models")) return;
-  for (const char* kind : {"models", "clusters"}) {
+  for (const char* kind : {"models", "clusters", "jobs"}) {
     int seen = 0;
     for (const auto& e : std::filesystem::directory_iterator(std::string(shared) + "/" + kind)) {
       const std::string name = e.path().stem().string();
-      const auto text = find_preset(kind[0] == 'm' ? PresetKind::model : PresetKind::cluster, name);
+      const auto text = find_preset(kind[0] == 'm' ? PresetKind::model : kind[0] == 'c' ? PresetKind::cluster : PresetKind::job, name);
       REQUIRE_MESSAGE(text.has_value(), "no preset for ", e.path().string());
       CHECK(std::string(*text) == read_text_file(e.path().string()));
       ++seen;
@@ -201,4 +202,32 @@ TEST_CASE("verification fill follows sharding.md") {
   CHECK(splitmix64(0) == 0xe220a8397b1dcdafull);
   CHECK(fill_seed("t", "param") == fnv1a64("t/param"));
   CHECK(fill_value(fill_seed("t", "param"), 5) == splitmix64(fnv1a64("t/param") ^ 5));
+}
+
+TEST_CASE("jobs: presets parse; model-stages by phase; errors name the field") {
+  for (const auto& name : preset_names(PresetKind::job)) CHECK_NOTHROW(load_job(name));
+  const JobSpec ppo = load_job("ppo-llama-3.1-8b");
+  const auto phases = ppo.phases();
+  REQUIRE(phases.size() == 3);
+  CHECK(phases[0].size() == 1);
+  CHECK(phases[0][0].name() == "actor/generate");
+  std::vector<std::string> infer;
+  for (const auto& s : phases[1]) infer.push_back(s.name());
+  CHECK(infer == std::vector<std::string>{"actor/infer", "critic/infer", "reference/infer", "reward/infer"});
+  CHECK(phases[2].size() == 2);
+  CHECK(phases[2][1].name() == "critic/train");
+  const JobSpec grpo = load_job("grpo-qwen3-14b");
+  CHECK(grpo.model("critic") == nullptr);
+  CHECK(grpo.phases()[1].size() == 3);
+  CHECK(grpo.phases()[2].size() == 1);
+  CHECK(grpo.samples_per_prompt == 8);
+  auto err = [](const std::string& j) { return error_of([&] { parse_job(j, "job.json"); }); };
+  const std::string rest = R"(,"prompts_per_step":4,"samples_per_prompt":1,"prompt_len":8,"max_response_len":16})";
+  CHECK(has(err(R"({"algorithm":"dpo","models":{}})" ), "'algorithm' is 'dpo'"));
+  CHECK(has(err(R"({"algorithm":"ppo","models":{"actor":"tiny-llama"})" + rest), "needs models.critic"));
+  CHECK(has(err(R"({"algorithm":"grpo","models":{"actor":"tiny-llama","reference":"tiny-llama","reward":"tiny-llama","critic":"tiny-llama"})" + rest),
+            "models.critic is not a role of grpo"));
+  CHECK(has(err(R"({"algorithm":"grpo","models":{"actor":"nope","reference":"tiny-llama","reward":"tiny-llama"})" + rest), "models.actor"));
+  CHECK(has(err(R"({"algorithm":"grpo","models":{"actor":"tiny-llama","reference":"tiny-llama","reward":"tiny-llama"},"prompts_per_step":4})"),
+            "samples_per_prompt"));
 }

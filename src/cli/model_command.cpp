@@ -75,12 +75,14 @@ void add_model_command(CLI::App& app) {
 }
 
 void add_presets_command(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("presets", "List the built-in model and cluster presets");
+  CLI::App* cmd = app.add_subcommand("presets", "List the built-in model, cluster and job presets");
   cmd->callback([] {
     std::cout << "models:\n";
     for (const auto& n : preset_names(PresetKind::model)) std::cout << "  " << n << "\n";
     std::cout << "clusters:\n";
     for (const auto& n : preset_names(PresetKind::cluster)) std::cout << "  " << n << "\n";
+    std::cout << "jobs:\n";
+    for (const auto& n : preset_names(PresetKind::job)) std::cout << "  " << n << "\n";
   });
 }
 

@@ -9,7 +9,7 @@
 namespace nereus {
 
 /// Which family of presets.
-enum class PresetKind { model, cluster };
+enum class PresetKind { model, cluster, job };
 
 /// The JSON text of preset `name`, if there is one.
 std::optional<std::string_view> find_preset(PresetKind kind, std::string_view name);
@@ -18,7 +18,7 @@ std::optional<std::string_view> find_preset(PresetKind kind, std::string_view na
 std::vector<std::string> preset_names(PresetKind kind);
 
 /// Reads `arg` as a file if it exists, else as a preset name; `what` ("model",
-/// "cluster") words the error that lists the known presets.
+/// "cluster", "job") words the error that lists the known presets.
 std::string read_file_or_preset(PresetKind kind, std::string_view arg, std::string_view what);
 
 /// Whole file as text; throws Error naming the path.

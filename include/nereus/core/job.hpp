@@ -1,0 +1,48 @@
+#pragma once
+// RL jobs (interfaces.md, "Job"): the algorithm, its models, and the model-stages it runs,
+// in the phase order the execution-overlap graph builds on.
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nereus/core/model.hpp"
+
+namespace nereus {
+
+enum class Algorithm : std::uint8_t { ppo, grpo, remax };
+/// What a model-stage does in a step.
+enum class StageKind : std::uint8_t { generate, infer, train };
+
+std::string_view to_string(Algorithm a);
+std::string_view to_string(StageKind s);
+
+/// One model in one stage, e.g. actor/train.
+struct ModelStage {
+  std::string role;  ///< actor, critic, reference, reward
+  StageKind kind;
+  std::shared_ptr<const ModelSpec> model;
+  std::string name() const { return role + "/" + std::string(to_string(kind)); }
+};
+
+struct JobSpec {
+  Algorithm algorithm = Algorithm::ppo;
+  std::vector<std::pair<std::string, std::shared_ptr<const ModelSpec>>> models;  ///< role → model, in role order
+  std::int64_t prompts_per_step = 0;
+  std::int64_t samples_per_prompt = 1;
+  std::int64_t prompt_len = 0;
+  std::int64_t max_response_len = 0;
+  bool async = false;
+
+  /// The model-stages of one step, grouped by phase: generation, then inference (the
+  /// stages of a phase may run side by side on disjoint GPUs), then training.
+  std::vector<std::vector<ModelStage>> phases() const;
+  std::shared_ptr<const ModelSpec> model(std::string_view role) const;
+};
+
+/// Parses a job JSON; every error names the field. Models are paths or presets.
+JobSpec parse_job(std::string_view json_text, std::string_view origin);
+/// A path to a job JSON, or a preset name (e.g. "ppo-llama-3.1-8b").
+JobSpec load_job(std::string_view arg);
+
+}  // namespace nereus
