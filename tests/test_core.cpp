@@ -63,6 +63,17 @@ TEST_CASE("tensor lists match the independent reading of sharding.md") {
       CHECK(info.rank == static_cast<int>(t.shape.size()));
       for (int d = 0; d < info.rank; ++d) CHECK(info.shape[d] == t.shape[d]);
       if (info.layer >= 0) CHECK(m->find(info.kind, info.layer) == id);
+      for (const Layout& l : {Layout{1, 1, {}, Packing::hf}, Layout{2, 2, {}, Packing::hf}, Layout{4, 3, {}, Packing::hf}}) {
+        if (m->config().heads % l.tp || (m->config().kv_heads % l.tp && l.tp % m->config().kv_heads)) continue;
+        for (int s = 0; s < l.pp; ++s)
+          for (int r = 0; r < l.tp; ++r) {
+            const auto got = shard_box(m->config(), l, s, r, info);
+            const auto want = ref::shard(m->config(), t, ref::Layout{l.tp, l.pp, {}, false}, s, r);
+            REQUIRE(got.has_value() == want.has_value());
+            if (got)
+              for (int d = 0; d < got->rank; ++d) CHECK((got->dims[d].lo == (*want)[d].first && got->dims[d].hi == (*want)[d].second));
+          }
+      }
     }
   }
   const auto q3 = load_model("qwen3-8b");

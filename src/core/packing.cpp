@@ -39,18 +39,8 @@ ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int
   return {first, base, shard};
 }
 
-std::vector<TensorId> buffer_parts(const ModelSpec& m, TensorId buffer, Packing packing) {
-  const TensorInfo& info = m.tensor(buffer);
-  if (packing == Packing::hf) return {buffer};
-  const auto group = fused_group(m.config(), info.kind);
-  if (group.empty()) return {buffer};
-  std::vector<TensorId> out;
-  for (K k : group) out.push_back(*m.find(k, info.layer));
-  return out;
-}
-
-bool starts_buffer(const ModelSpec& m, TensorId t, Packing packing) {
-  return buffer_parts(m, t, packing).front() == t;
+bool shares_buffer(const ModelConfig& m, TensorKind kind, Packing packing) {
+  return packing == Packing::fused && !fused_group(m, kind).empty();
 }
 
 std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing) {

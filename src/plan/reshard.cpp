@@ -31,17 +31,6 @@ std::span<const Collection> ReshardPlan::sources() const { return index_->source
 
 namespace {
 
-/// Whether a tensor of this kind sits alone in its buffer under `packing`.
-bool alone_in_buffer(TensorKind k, Packing p) {
-  if (p == Packing::hf) return true;
-  switch (k) {
-    case TensorKind::q: case TensorKind::k: case TensorKind::v: case TensorKind::q_bias:
-    case TensorKind::k_bias: case TensorKind::v_bias: case TensorKind::gate: case TensorKind::up:
-      return false;
-    default: return true;
-  }
-}
-
 /// Per-device counters while planning.
 struct Load {
   std::uint64_t send_intra = 0, send_inter = 0, recv_intra = 0, recv_inter = 0, local = 0;
@@ -115,8 +104,8 @@ class Planner {
       p.holding = l.holding;
       p.range = {std::max(cur, part.lo), part.hi};
       p.keep = l.range == want && p.range == want &&
-               alone_in_buffer(t.kind, ix_.sources[h.c].units[h.u].layout.packing) &&
-               alone_in_buffer(t.kind, dst_packing);
+               !shares_buffer(ix_.model().config(), t.kind, ix_.sources[h.c].units[h.u].layout.packing) &&
+               !shares_buffer(ix_.model().config(), t.kind, dst_packing);
       const std::uint64_t bytes = p.range.size() * per_elem;
       sum_.local_bytes += bytes;
       if (p.keep) sum_.kept_bytes += bytes;

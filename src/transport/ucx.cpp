@@ -230,11 +230,6 @@ Status UcxTransport::add_remote_region(PeerId peer, DeviceId device, std::span<c
   return Status::ok();
 }
 
-std::string UcxTransport::endpoint_transports(PeerId peer) const {
-  (void)peer;
-  return "chosen by UCX (UCX_TLS)";
-}
-
 void UcxBatch::finish_if_done() {
   if (posting || remaining != 0 || !done) return;
   std::exchange(done, nullptr)->complete(status);

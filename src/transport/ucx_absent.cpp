@@ -20,6 +20,5 @@ Status UcxTransport::add_remote_region(PeerId, DeviceId, std::span<const std::by
 }
 asio::awaitable<Status> UcxTransport::post(DescriptorList) { co_return Status{StatusCode::not_supported, "no UCX"}; }
 asio::awaitable<void> UcxTransport::shutdown() { co_return; }
-std::string UcxTransport::endpoint_transports(PeerId) const { return {}; }
 
 }  // namespace nereus

@@ -25,10 +25,7 @@ ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int
 /// (e.g. "model.layers.3.self_attn.qkv_proj.weight").
 std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing);
 
-/// Tensors stored in buffer `buffer` under `packing`, in order (one for hf).
-std::vector<TensorId> buffer_parts(const ModelSpec& m, TensorId buffer, Packing packing);
-
-/// Whether tensor t is the first tensor of its buffer under `packing`.
-bool starts_buffer(const ModelSpec& m, TensorId t, Packing packing);
+/// Whether tensors of `kind` share a local buffer with others under `packing`.
+bool shares_buffer(const ModelConfig& m, TensorKind kind, Packing packing);
 
 }  // namespace nereus

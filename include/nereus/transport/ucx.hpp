@@ -35,8 +35,6 @@ class UcxTransport final : public Transport {
 
   /// Closes endpoints and stops the progress loop; call before the io_context stops.
   asio::awaitable<void> shutdown();
-  /// Which UCX transports an endpoint uses (for reports), e.g. "cma/memory".
-  std::string endpoint_transports(PeerId peer) const;
 
   struct Impl;
 
