@@ -6,14 +6,6 @@
 
 namespace nereus::cli {
 
-std::string human_bytes(std::uint64_t b) {
-  const double v = static_cast<double>(b);
-  if (v >= 1e12) return fmt::format("{:.2f} TB", v / 1e12);
-  if (v >= 1e9) return fmt::format("{:.2f} GB", v / 1e9);
-  if (v >= 1e6) return fmt::format("{:.2f} MB", v / 1e6);
-  if (v >= 1e3) return fmt::format("{:.2f} kB", v / 1e3);
-  return fmt::format("{} B", b);
-}
 
 namespace {
 nlohmann::json strides_json(const Box& box, const LocalView& v) {

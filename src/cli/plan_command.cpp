@@ -13,6 +13,7 @@
 #include "nereus/plan/placement.hpp"
 #include "nereus/plan/reshard.hpp"
 #include "output.hpp"
+#include "transition_plan.hpp"
 
 namespace nereus::cli {
 
@@ -151,20 +152,47 @@ void run_plan(const PlanArgs& a) {
 
 void add_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
-  CLI::App* cmd = app.add_subcommand("plan", "What a transition between two layouts moves (no bytes move)");
-  cmd->add_option("--model", args->model, "config.json path or preset name")->required();
-  cmd->add_option("--from", args->from, "source layout spec tp=T,pp=P,dp=D[,devices=..][,partition=..][,packing=..]")->required();
-  cmd->add_option("--to", args->to, "target layout spec")->required();
+  auto job = std::make_shared<JobPlanArgs>();
+  CLI::App* cmd = app.add_subcommand("plan",
+      "What a transition moves (no bytes move): one model-stage (--model --from --to), or a whole job's plan change "
+      "as a transition graph (--job --from-plan --to-plan)");
+  cmd->add_option("--model", args->model, "config.json path or preset name");
+  cmd->add_option("--from", args->from, "source layout spec tp=T,pp=P,dp=D[,devices=..][,partition=..][,packing=..]");
+  cmd->add_option("--to", args->to, "target layout spec");
   cmd->add_flag("--train", args->train, "every unit carries the training slots (master, exp_avg, exp_avg_sq)");
   cmd->add_flag("--sync", args->sync, "weight sync: training source, generation target (param only)");
   cmd->add_flag("--optimize-placement", args->optimize, "reorder target GPUs to keep the most bytes local");
   cmd->add_flag("--transfers", args->transfers, "list the transfers");
   cmd->add_option("--node", args->node, "with --transfers: only those touching this node's GPUs")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", args->json, "print one JSON object");
-  cmd->add_option("--cluster", args->cluster, "cluster JSON or preset: link bandwidths, GPUs per node, device range");
+  cmd->add_option("--cluster", args->cluster, "cluster JSON or preset: link bandwidths, GPUs per node, device range (and, "
+                  "with --job, GPU memory)");
   cmd->add_option("--gpus-per-node", args->gpus_per_node, "override GPUs per node (default 8)")->check(CLI::PositiveNumber);
   cmd->add_option("--weights", args->weights, "check a .safetensors file or index.json against the model first");
-  cmd->callback([args] { run_plan(*args); });
+  auto* g = "Job transition graph";
+  cmd->add_option("--job", job->job, "job JSON or preset: plan the whole job's transition")->group(g);
+  cmd->add_option("--from-plan", job->from_plan, "current global plan: a plan file or its JSON text")->group(g);
+  cmd->add_option("--to-plan", job->to_plan, "new global plan: a plan file or its JSON text")->group(g);
+  cmd->add_option("--capacity", job->capacity, "memory per GPU (e.g. 80GiB); default the cluster's, else unlimited")->group(g);
+  cmd->add_option("--headroom", job->headroom, "share of each GPU kept free (default 0.1)")->group(g);
+  cmd->add_option("--workspace", job->workspace, "STAGE=SIZE: working memory a model-stage needs per GPU while it runs")
+      ->group(g);
+  cmd->add_option("--stale", job->stale, "model-stages whose params a weight sync replaces before the switch")->group(g);
+  cmd->add_flag("--nodes", job->nodes, "list every node with its edges (and, with --json, per-GPU memory)")->group(g);
+  cmd->callback([args, job] {
+    if (!job->job.empty()) {
+      if (!args->model.empty() || !args->from.empty() || !args->to.empty())
+        throw Error("--job plans a whole job: give --from-plan/--to-plan instead of --model/--from/--to");
+      job->cluster = args->cluster;
+      job->json = args->json;
+      job->gpus_per_node = args->gpus_per_node;
+      run_job_plan(*job);
+      return;
+    }
+    if (args->model.empty() || args->from.empty() || args->to.empty())
+      throw Error("plan needs --model, --from and --to (or --job, --from-plan and --to-plan)");
+    run_plan(*args);
+  });
 }
 
 }  // namespace nereus::cli

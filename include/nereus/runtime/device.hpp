@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "nereus/core/bytes.hpp"
 #include "nereus/core/layout.hpp"
 
 namespace nereus {
@@ -104,7 +105,5 @@ class HostDevice final : public Device {
   std::unique_ptr<DeviceQueue> make_queue() override;
 };
 
-/// Parses "2GiB", "512MiB", "1000000" (bytes), "1.5GB"; throws Error naming the text.
-std::size_t parse_capacity(std::string_view text);
 
 }  // namespace nereus

@@ -1,0 +1,91 @@
+// Planning time of the global transition graph: the 4-model PPO job (llama-3.1-8b actor,
+// critic, reference, reward; 7 model-stages) growing from 512 to 1,024 GPUs with new
+// layouts for every model-stage, and a 32-GPU case. Prints medians of repeated runs.
+//   graph_bench [--repeat N] [--smoke] [--json]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "nereus/core/cluster.hpp"
+#include "nereus/plan/transition_graph.hpp"
+
+using namespace nereus;
+
+namespace {
+
+/// A colocated PPO plan on n GPUs: generation on all, four inference stages on a quarter
+/// each, the two training stages on a half each.
+GlobalPlan ppo_plan(int n, int gen_tp, int infer_tp, int train_tp, int train_pp) {
+  auto spec = [](int tp, int pp, int lo, int count) {
+    return parse_collection_spec(fmt::format("tp={},pp={},dp={},devices={}-{}", tp, pp, count / (tp * pp), lo, lo + count - 1));
+  };
+  const int q = n / 4, h = n / 2;
+  return {{{"actor/generate", spec(gen_tp, 1, 0, n)},
+           {"actor/infer", spec(infer_tp, 1, 0, q)},
+           {"critic/infer", spec(infer_tp, 1, q, q)},
+           {"reference/infer", spec(infer_tp, 1, 2 * q, q)},
+           {"reward/infer", spec(infer_tp, 1, 3 * q, q)},
+           {"actor/train", spec(train_tp, train_pp, 0, h)},
+           {"critic/train", spec(train_tp, train_pp, h, h)}}};
+}
+
+struct Result {
+  double median_ms;
+  TransitionSummary summary;
+  bool feasible;
+};
+
+Result measure(const JobSpec& job, const GlobalPlan& from, const GlobalPlan& to, int repeat) {
+  TransitionRequest req;
+  req.job = &job;
+  req.from = plan_collections(job, from);
+  req.to = plan_collections(job, to);
+  req.links = LinkModel::of(load_cluster("h200-node"));
+  req.memory.capacity = 141ull << 30;
+  std::vector<double> ms;
+  Result r{};
+  for (int i = 0; i < repeat; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const TransitionGraph g = compile_transition(req);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    r.summary = g.summary;
+    r.feasible = g.feasibility.ok;
+  }
+  std::sort(ms.begin(), ms.end());
+  r.median_ms = ms[ms.size() / 2];
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeat = 31;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--smoke")) repeat = 3;
+    else if (!std::strcmp(argv[i], "--json")) json = true;
+    else if (!std::strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
+    else {
+      fmt::print(stderr, "usage: graph_bench [--repeat N] [--smoke] [--json]\n");
+      return 2;
+    }
+  }
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const Result big = measure(job, ppo_plan(512, 4, 4, 8, 1), ppo_plan(1024, 2, 2, 4, 2), repeat);
+  const Result small = measure(job, ppo_plan(16, 4, 4, 8, 1), ppo_plan(32, 2, 2, 4, 2), repeat);
+  if (json) {
+    fmt::print("{{\"repeat\":{},\"gpus_1024_ms\":{:.3f},\"gpus_1024_nodes\":{},\"gpus_1024_moved_bytes\":{},"
+               "\"gpus_1024_feasible\":{},\"gpus_32_ms\":{:.3f}}}\n",
+               repeat, big.median_ms, big.summary.builds + big.summary.destroys, big.summary.moved_bytes, big.feasible,
+               small.median_ms);
+  } else {
+    fmt::print("PPO llama-3.1-8b x4, 7 model-stages, new layouts everywhere; median of {}\n", repeat);
+    fmt::print("  512 -> 1,024 GPUs   {:8.3f} ms   {} nodes, {:.1f} TB moved, L_tran {:.2f} s\n", big.median_ms,
+               big.summary.builds + big.summary.destroys, big.summary.moved_bytes / 1e12, big.summary.l_tran_seconds);
+    fmt::print("  16 -> 32 GPUs       {:8.3f} ms   {} nodes\n", small.median_ms, small.summary.builds + small.summary.destroys);
+  }
+  return big.feasible && small.feasible ? 0 : 1;
+}

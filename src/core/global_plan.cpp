@@ -1,0 +1,93 @@
+#include "nereus/core/global_plan.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "json_fields.hpp"
+#include "nereus/core/error.hpp"
+#include "nereus/core/presets.hpp"
+
+namespace nereus {
+
+const CollectionSpec* GlobalPlan::find(std::string_view model_stage) const {
+  for (const auto& [name, spec] : stages)
+    if (name == model_stage) return &spec;
+  return nullptr;
+}
+
+std::vector<DeviceId> GlobalPlan::devices() const {
+  std::set<DeviceId> all;
+  for (const auto& [name, spec] : stages) all.insert(spec.devices.begin(), spec.devices.end());
+  return {all.begin(), all.end()};
+}
+
+std::vector<ModelStage> model_stages(const JobSpec& job) {
+  std::vector<ModelStage> out;
+  for (auto& phase : job.phases())
+    for (auto& s : phase) out.push_back(std::move(s));
+  return out;
+}
+
+std::string_view role_of(std::string_view model_stage) { return model_stage.substr(0, model_stage.find('/')); }
+
+GlobalPlan parse_global_plan(const JobSpec& job, std::string_view text, std::string_view origin) {
+  using namespace detail;
+  const json j = parse_json(text, origin);
+  if (!j.is_object())
+    throw Error(std::string(origin) + ": a plan is a JSON object of model-stage: layout spec");
+  const auto stages = model_stages(job);
+  GlobalPlan plan;
+  std::string names;
+  for (const ModelStage& s : stages) names += (names.empty() ? "" : ", ") + s.name();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const bool known = std::any_of(stages.begin(), stages.end(), [&](const ModelStage& s) { return s.name() == it.key(); });
+    if (!known)
+      throw Error(std::string(origin) + ": '" + it.key() + "' is not a model-stage of this " +
+                  std::string(to_string(job.algorithm)) + " job (it has " + names + ")");
+  }
+  for (const ModelStage& s : stages) {
+    auto it = j.find(s.name());
+    if (it == j.end()) throw Error(std::string(origin) + ": model-stage '" + s.name() + "' has no layout");
+    if (!it->is_string())
+      throw Error(std::string(origin) + ": model-stage '" + s.name() + "' must be a layout spec string, got " + it->dump());
+    try {
+      plan.stages.emplace_back(s.name(), parse_collection_spec(it->get<std::string>()));
+    } catch (const Error& e) {
+      throw Error(std::string(origin) + ": model-stage '" + s.name() + "': " + e.what());
+    }
+  }
+  return plan;
+}
+
+GlobalPlan load_global_plan(const JobSpec& job, std::string_view arg) {
+  std::size_t first = arg.find_first_not_of(" \t\r\n");
+  if (first != std::string_view::npos && arg[first] == '{') return parse_global_plan(job, arg, "plan");
+  return parse_global_plan(job, read_text_file(std::string(arg)), arg);
+}
+
+std::string to_json_text(const GlobalPlan& plan) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < plan.stages.size(); ++i)
+    out += std::string(i ? ",\n " : "\n ") + nlohmann::json(plan.stages[i].first).dump() + ": " +
+           nlohmann::json(to_string(plan.stages[i].second)).dump();
+  return out + "\n}\n";
+}
+
+std::vector<Collection> plan_collections(const JobSpec& job, const GlobalPlan& plan, std::int64_t device_count) {
+  std::vector<Collection> out;
+  for (const ModelStage& s : model_stages(job)) {
+    const CollectionSpec* spec = plan.find(s.name());
+    if (!spec) throw Error("plan: model-stage '" + s.name() + "' has no layout");
+    try {
+      out.push_back(Collection::from_spec(s.model, s.name(), *spec, s.kind == StageKind::train));
+      out.back().validate(device_count);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const std::string named = "model-stage '" + s.name() + "'";
+      throw Error("plan: " + (what.rfind(named, 0) == 0 ? what : named + ": " + what));
+    }
+  }
+  return out;
+}
+
+}  // namespace nereus

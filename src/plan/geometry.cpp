@@ -1,0 +1,139 @@
+#include "nereus/plan/geometry.hpp"
+
+#include <algorithm>
+
+#include "nereus/core/sharding.hpp"
+
+namespace nereus {
+
+std::uint64_t bytes_per_element(const ModelConfig& m, bool train) {
+  return width(m.dtype) + (train ? 3 * width(DType::f32) : 0);
+}
+
+UnitGeometry::UnitGeometry(std::shared_ptr<const ModelSpec> model) : model_(std::move(model)) {
+  for (TensorId t = 0; t < model_->tensors().size(); ++t) {
+    const TensorInfo& info = model_->tensor(t);
+    if (info.layer < 0) outside_.push_back(t);
+    else if (info.layer == 0) layer0_.push_back(t);
+  }
+}
+
+std::size_t UnitGeometry::KeyHash::operator()(const Key& k) const {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::uint32_t c : k.codes) h = (h ^ c) * 0x100000001b3ull;
+  return static_cast<std::size_t>(h);
+}
+
+int UnitGeometry::intern(const Layout& l) {
+  for (std::size_t i = 0; i < layouts_.size(); ++i)
+    if (layouts_[i].same_sharding(l)) return static_cast<int>(i);
+  layouts_.push_back(l);
+  return static_cast<int>(layouts_.size() - 1);
+}
+
+std::int64_t UnitGeometry::elements(std::uint32_t position) {
+  auto it = elements_.find(position);
+  if (it != elements_.end()) return it->second;
+  const Position p = this->position(position);
+  const std::int64_t n = compute_overlap(p, std::span<const Position>(&p, 1));
+  elements_.emplace(position, n);
+  return n;
+}
+
+std::int64_t UnitGeometry::unit_elements(const Layout& l) {
+  const int id = intern(l);
+  std::int64_t n = 0;
+  for (int s = 0; s < l.pp; ++s)
+    for (int r = 0; r < l.tp; ++r) n += elements(code(id, s, r));
+  return n;
+}
+
+std::int64_t UnitGeometry::overlap(const Position& target, std::span<const Position> holders) {
+  std::array<std::uint32_t, 8> codes{};
+  if (holders.size() > codes.size()) return compute_overlap(target, holders);
+  for (std::size_t i = 0; i < holders.size(); ++i) codes[i] = code(holders[i]);
+  return overlap(code(target), std::span<const std::uint32_t>(codes.data(), holders.size()));
+}
+
+std::int64_t UnitGeometry::overlap(std::uint32_t target, std::span<const std::uint32_t> holders) {
+  if (holders.empty()) return 0;
+  if (holders.size() > 5) {
+    std::vector<Position> hs;
+    for (std::uint32_t h : holders) hs.push_back(position(h));
+    return compute_overlap(position(target), hs);
+  }
+  Key k;
+  k.codes[0] = target;
+  for (std::size_t i = 0; i < holders.size(); ++i) k.codes[i + 1] = holders[i] + 1;  // 0 marks "none"
+  // Holders are a set: sort them (insertion sort; at most five).
+  for (std::size_t i = 2; i <= holders.size(); ++i)
+    for (std::size_t j = i; j > 1 && k.codes[j - 1] > k.codes[j]; --j) std::swap(k.codes[j - 1], k.codes[j]);
+  auto it = memo_.find(k);
+  if (it != memo_.end()) return it->second;
+  std::array<Position, 5> hs{};
+  for (std::size_t i = 0; i < holders.size(); ++i) hs[i] = position(holders[i]);
+  const std::int64_t v = compute_overlap(position(target), std::span<const Position>(hs.data(), holders.size()));
+  memo_.emplace(k, v);
+  return v;
+}
+
+namespace {
+
+/// Elements of `want` covered by the union of `have` (ranges along the split axis).
+std::int64_t covered(Range want, std::vector<Range>& have) {
+  std::sort(have.begin(), have.end(), [](Range a, Range b) { return a.lo < b.lo; });
+  std::int64_t n = 0, cur = want.lo;
+  for (Range h : have) {
+    const Range x = h.intersect({cur, want.hi});
+    if (x.empty()) continue;
+    n += x.size();
+    cur = x.hi;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::int64_t UnitGeometry::compute_overlap(const Position& target, std::span<const Position> holders) const {
+  const ModelConfig& m = model_->config();
+  std::vector<Range> have;
+  auto tensor_overlap = [&](const TensorInfo& t, auto&& holds) {
+    const Range want = tp_range(m, t, target.layout->tp, target.r);
+    have.clear();
+    for (const Position& h : holders)
+      if (holds(h)) have.push_back(tp_range(m, t, h.layout->tp, h.r));
+    return covered(want, have) * slab_width(t);
+  };
+  std::int64_t n = 0;
+  for (TensorId id : outside_) {
+    const TensorInfo& t = model_->tensor(id);
+    if (!stage_holds(m, *target.layout, target.s, t)) continue;
+    n += tensor_overlap(t, [&](const Position& h) { return stage_holds(m, *h.layout, h.s, t); });
+  }
+  // Layers: the target's layer range cut where a holder's stage range starts or ends; in
+  // each segment the same holders hold every layer, so one layer's overlap counts for all.
+  const Range layers = target.layout->stage_layers(target.s, m.layers);
+  std::vector<std::int64_t> cuts{layers.lo, layers.hi};
+  std::vector<Range> held(holders.size());
+  for (std::size_t i = 0; i < holders.size(); ++i) {
+    held[i] = holders[i].layout->stage_layers(holders[i].s, m.layers);
+    for (std::int64_t c : {held[i].lo, held[i].hi})
+      if (layers.lo < c && c < layers.hi) cuts.push_back(c);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+    const std::int64_t lo = cuts[c], len = cuts[c + 1] - cuts[c];
+    std::size_t i = 0;
+    for (TensorId id : layer0_) {
+      const TensorInfo& t = model_->tensor(id);
+      n += len * tensor_overlap(t, [&](const Position& h) {
+             i = static_cast<std::size_t>(&h - holders.data());
+             return held[i].contains(lo);
+           });
+    }
+  }
+  return n;
+}
+
+}  // namespace nereus

@@ -1,0 +1,259 @@
+// The memory schedule of a transition graph: a static order in which every GPU stays
+// within its budget, the release-before-acquire edges that make every execution order
+// the edges allow stay within it too, and the critical-path cost.
+//
+// Why the edges suffice: let a* be the latest acquisition (in the static order) of GPU d
+// that has happened at some moment of a run. Everything acquired on d by then precedes a*
+// in the static order, and every release chosen for a* is its ancestor, so has happened.
+// Memory is then at most before(d) + (acquisitions up to a*) − (releases chosen for a*),
+// which is the `worst` figure checked against the budget here.
+#include <algorithm>
+#include <cstdio>
+#include <queue>
+#include <tuple>
+
+#include "nereus/core/bytes.hpp"
+#include "nereus/core/error.hpp"
+#include "transition_compiler.hpp"
+
+namespace nereus::detail {
+
+
+void TransitionCompiler::schedule() {
+  const std::size_t nodes = g_.nodes.size();
+  const std::size_t devs = static_cast<std::size_t>(max_device_) + 1;
+  const std::uint64_t budget = req_.memory.budget();
+  g_.feasibility.budget = budget;
+
+  const TouchTable& touch = touch_;
+  // Before and after: units and the largest workspace of a stage placed on the GPU.
+  std::vector<std::uint64_t> before(devs, 0), after(devs, 0), workspace(devs, 0);
+  std::vector<bool> used(devs, false);
+  for (std::size_t i = 0; i < n_; ++i) {
+    const std::uint64_t w = req_.memory.workspace_of(g_.stages[i]);
+    for (int side = 0; side < 2; ++side) {
+      const Collection& c = side ? g_.to[i] : g_.from[i];
+      for (const Emu& e : c.units) {
+        const auto& fp = footprint(i, e.layout);
+        for (std::size_t k = 0; k < e.gpus.size(); ++k) {
+          const auto d = static_cast<std::size_t>(e.gpus[k]);
+          (side ? after : before)[d] += fp[k];
+          workspace[d] = std::max(workspace[d], w);
+          used[d] = true;
+        }
+      }
+    }
+  }
+  for (std::size_t d = 0; d < devs; ++d) {
+    before[d] += workspace[d];
+    after[d] += workspace[d];
+  }
+  auto fail = [&](std::string why) {
+    if (g_.feasibility.ok) {
+      g_.feasibility.ok = false;
+      g_.feasibility.reason = std::move(why);
+    }
+  };
+  for (std::size_t d = 0; d < devs; ++d) {
+    if (!used[d]) continue;
+    if (after[d] > budget)
+      fail("the new plan needs " + human_bytes(after[d]) + " on GPU " + std::to_string(d) + " (units and workspace), over its budget of " +
+           human_bytes(budget));
+    else if (before[d] > budget)
+      fail("the old plan already needs " + human_bytes(before[d]) + " on GPU " + std::to_string(d) + ", over its budget of " + human_bytes(budget));
+  }
+
+  // List scheduling: releases as soon as they are ready; then the ready build first in
+  // generate → infer → train order that fits; a build that does not fit waits on the GPU
+  // that is short until something is released there.
+  // Successors, stored flat: succ[first[x] .. first[x + 1]).
+  std::vector<std::uint32_t> indeg(nodes, 0), first(nodes + 1, 0), succ;
+  for (std::uint32_t x = 0; x < nodes; ++x)
+    for (const Edge& e : g_.nodes[x].after) {
+      ++first[e.node + 1];
+      ++indeg[x];
+    }
+  for (std::size_t x = 0; x < nodes; ++x) first[x + 1] += first[x];
+  succ.resize(first[nodes]);
+  {
+    std::vector<std::uint32_t> fill(first.begin(), first.end() - 1);
+    for (std::uint32_t x = 0; x < nodes; ++x)
+      for (const Edge& e : g_.nodes[x].after) succ[fill[e.node]++] = x;
+  }
+  using Key = std::tuple<int, std::uint16_t, std::uint32_t, std::uint32_t>;
+  std::priority_queue<Key, std::vector<Key>, std::greater<>> ready;
+  std::vector<std::uint32_t> releases;  // ready destroys, a stack
+  auto make_ready = [&](std::uint32_t x) {
+    const GraphNode& n = g_.nodes[x];
+    if (n.is_build()) ready.push({g_.phase[n.unit.stage], n.unit.stage, n.unit.unit, x});
+    else releases.push_back(x);
+  };
+  for (std::uint32_t x = 0; x < nodes; ++x)
+    if (indeg[x] == 0) make_ready(x);
+  std::vector<std::uint64_t> mem = before;
+  std::vector<std::vector<std::uint32_t>> parked(devs);
+  std::vector<std::uint32_t> order;
+  order.reserve(nodes);
+  auto finish = [&](std::uint32_t x) {
+    order.push_back(x);
+    for (std::uint32_t k = first[x]; k < first[x + 1]; ++k)
+      if (--indeg[succ[k]] == 0) make_ready(succ[k]);
+  };
+  const bool limited = req_.memory.capacity > 0;
+  for (;;) {
+    while (!releases.empty()) {
+      const std::uint32_t x = releases.back();
+      releases.pop_back();
+      for (const Touch& t : touch[x]) {
+        mem[static_cast<std::size_t>(t.device)] -= t.bytes;
+        for (std::uint32_t b : parked[static_cast<std::size_t>(t.device)]) {
+          const GraphNode& n = g_.nodes[b];
+          ready.push({g_.phase[n.unit.stage], n.unit.stage, n.unit.unit, b});
+        }
+        parked[static_cast<std::size_t>(t.device)].clear();
+      }
+      finish(x);
+    }
+    if (ready.empty()) break;
+    const std::uint32_t x = std::get<3>(ready.top());
+    ready.pop();
+    if (limited) {
+      auto short_of = std::find_if(touch[x].begin(), touch[x].end(), [&](const Touch& t) {
+        return mem[static_cast<std::size_t>(t.device)] + t.bytes > budget;
+      });
+      if (short_of != touch[x].end()) {
+        auto& p = parked[static_cast<std::size_t>(short_of->device)];
+        if (std::find(p.begin(), p.end(), x) == p.end()) p.push_back(x);
+        continue;
+      }
+    }
+    for (const Touch& t : touch[x]) mem[static_cast<std::size_t>(t.device)] += t.bytes;
+    finish(x);
+  }
+
+  if (order.size() < nodes) {
+    // Stuck: name the first blocked build, the GPU it is short on, and why nothing there
+    // can be released first.
+    std::uint32_t blocked = 0;
+    Key best{1 << 30, 0, 0, 0};
+    for (std::size_t d = 0; d < devs; ++d)
+      for (std::uint32_t b : parked[d]) {
+        const GraphNode& n = g_.nodes[b];
+        const Key k{g_.phase[n.unit.stage], n.unit.stage, n.unit.unit, b};
+        if (k < best) best = k, blocked = b;
+      }
+    if (std::get<0>(best) == (1 << 30))
+      throw Error("internal: the transition graph has a cycle");  // edges only go from builds to later nodes
+    const GraphNode& n = g_.nodes[blocked];
+    std::string why = g_.describe(n.unit) + " cannot be built: ";
+    for (const Touch& t : touch[blocked]) {
+      const auto d = static_cast<std::size_t>(t.device);
+      if (mem[d] + t.bytes <= budget) continue;
+      why += "it needs " + human_bytes(t.bytes) + " on GPU " + std::to_string(d) + ", which has " +
+             human_bytes(budget > mem[d] ? budget - mem[d] : 0) + " of its " + human_bytes(budget) + " budget free";
+      std::string waiting;
+      for (std::uint32_t y = 0; y < nodes; ++y) {
+        const GraphNode& r = g_.nodes[y];
+        if (r.is_build() || indeg[y] == 0) continue;
+        const auto tg = touch[y];
+        if (std::none_of(tg.begin(), tg.end(), [&](const Touch& z) { return static_cast<std::size_t>(z.device) == d; })) continue;
+        waiting += (waiting.empty() ? "" : "; ") + g_.describe(r.unit) + " can only be destroyed after ";
+        std::string deps;
+        for (const Edge& e : r.after)
+          if (std::find(order.begin(), order.end(), e.node) == order.end())
+            deps += (deps.empty() ? "" : ", ") + g_.describe(g_.nodes[e.node].unit) + " is built";
+        waiting += deps;
+      }
+      why += waiting.empty() ? ", and no old unit there is left to destroy" : ", and " + waiting;
+      break;
+    }
+    fail(why);
+    // Keep a usable order for reporting: the rest in node order.
+    for (std::uint32_t x = 0; x < nodes; ++x)
+      if (std::find(order.begin(), order.end(), x) == order.end()) order.push_back(x);
+  }
+
+  // Release-before-acquire edges: for each acquisition, the earliest releases on that GPU
+  // that bring the worst case within the budget.
+  std::vector<std::uint32_t> pos(nodes);
+  for (std::uint32_t k = 0; k < order.size(); ++k) pos[order[k]] = k;
+  std::vector<std::vector<std::uint32_t>> rel_on(devs);
+  std::vector<std::uint64_t> acquired(devs, 0);
+  std::vector<std::uint64_t> worst = before;
+  std::vector<std::uint32_t> added;
+  for (std::uint32_t x : order) {
+    GraphNode& n = g_.nodes[x];
+    if (!n.is_build()) {
+      for (const Touch& t : touch[x]) rel_on[static_cast<std::size_t>(t.device)].push_back(x);
+      continue;
+    }
+    added.clear();
+    for (const Touch& t : touch[x]) {
+      const auto d = static_cast<std::size_t>(t.device);
+      acquired[d] += t.bytes;
+      std::uint64_t level = before[d] + acquired[d];
+      for (std::size_t k = 0; k < rel_on[d].size() && level > budget; ++k) {
+        const std::uint32_t r = rel_on[d][k];
+        for (const Touch& z : touch[r])
+          if (static_cast<std::size_t>(z.device) == d) level -= std::min(level, z.bytes);
+        if (std::find(added.begin(), added.end(), r) == added.end()) added.push_back(r);
+      }
+      worst[d] = std::max(worst[d], level);
+    }
+    for (std::uint32_t r : added)
+      if (std::none_of(n.after.begin(), n.after.end(), [&](const Edge& e) { return e.node == r; }))
+        n.after.push_back({r, EdgeKind::resource});
+  }
+
+  // Renumber the nodes in the static order, permuting in place (node k moves to pos[k]).
+  for (GraphNode& n : g_.nodes) {
+    for (Edge& e : n.after) e.node = pos[e.node];
+    std::sort(n.after.begin(), n.after.end(), [](const Edge& a, const Edge& b) { return a.node < b.node; });
+  }
+  for (std::uint32_t k = 0; k < nodes; ++k)
+    while (pos[k] != k) {
+      const std::uint32_t t = pos[k];
+      std::swap(g_.nodes[k], g_.nodes[t]);
+      std::swap(pos[k], pos[t]);
+    }
+
+  for (std::size_t d = 0; d < devs; ++d) {
+    if (!used[d]) continue;
+    g_.memory.push_back({static_cast<DeviceId>(d), before[d], after[d], worst[d]});
+    if (worst[d] > g_.feasibility.worst_bytes || g_.feasibility.worst_device < 0) {
+      g_.feasibility.worst_bytes = worst[d];
+      g_.feasibility.worst_device = static_cast<DeviceId>(d);
+    }
+  }
+  if (g_.feasibility.ok && limited && g_.feasibility.worst_bytes > budget)
+    throw Error("internal: the memory schedule exceeds the budget on GPU " + std::to_string(g_.feasibility.worst_device));
+}
+
+void TransitionCompiler::estimate_cost() {
+  TransitionSummary& s = g_.summary;
+  double cp = 0;
+  for (GraphNode& n : g_.nodes) {
+    n.start = 0;
+    for (const Edge& e : n.after) n.start = std::max(n.start, g_.nodes[e.node].start + g_.nodes[e.node].seconds);
+    cp = std::max(cp, n.start + n.seconds);
+    if (n.is_build()) {
+      ++s.builds;
+      s.moved_bytes += n.moved_bytes;
+      s.local_bytes += n.local_bytes;
+      s.target_bytes += n.unit_bytes;
+    } else {
+      ++s.destroys;
+    }
+    for (const Edge& e : n.after)
+      ++(e.kind == EdgeKind::data ? s.data_edges : e.kind == EdgeKind::commit ? s.commit_edges : s.resource_edges);
+  }
+  for (const auto& k : g_.kept)
+    for (std::int32_t x : k) s.kept_units += x >= 0;
+  double busiest = 0;
+  for (const DeviceLoad& l : load_) busiest = std::max({busiest, l.send_seconds, l.recv_seconds});
+  s.critical_path_seconds = cp;
+  s.link_bound_seconds = busiest;
+  s.l_tran_seconds = std::max(cp, busiest);
+}
+
+}  // namespace nereus::detail
