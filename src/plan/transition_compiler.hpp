@@ -59,6 +59,10 @@ class TransitionCompiler {
 
   // transition_schedule.cpp
   void schedule();
+  template <class Fits, class Apply>
+  std::vector<std::uint32_t> search_order(std::size_t nodes, const std::vector<std::uint32_t>& indeg,
+                                          const std::vector<std::uint32_t>& first, const std::vector<std::uint32_t>& succ,
+                                          const std::vector<std::uint64_t>& before, Fits&& fits, Apply&& apply);
   void estimate_cost();
 
   const TransitionRequest& req_;

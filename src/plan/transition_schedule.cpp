@@ -9,15 +9,90 @@
 // which is the `worst` figure checked against the budget here.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <queue>
+#include <unordered_set>
 #include <tuple>
 
 #include "nereus/core/bytes.hpp"
 #include "nereus/core/error.hpp"
+#include "nereus/core/fill.hpp"
 #include "transition_compiler.hpp"
 
 namespace nereus::detail {
 
+namespace {
+
+/// Depth-first search for an order in which every build fits: after each build, every
+/// release that became possible is applied (releasing never hurts), so a state is the set
+/// of nodes done. States known not to finish are remembered by a hash of that set. Gives
+/// up (returns empty) after `limit` expansions.
+template <class Fits, class Apply>
+std::vector<std::uint32_t> search_order_impl(std::size_t nodes, const std::vector<bool>& is_build,
+                                             std::vector<std::uint32_t> left, const std::vector<std::uint32_t>& first,
+                                             const std::vector<std::uint32_t>& succ, std::vector<std::uint64_t> mem,
+                                             Fits&& fits, Apply&& apply, std::size_t limit) {
+  std::vector<char> done(nodes, 0);
+  std::vector<std::uint32_t> order;
+  std::unordered_set<std::uint64_t> dead;
+  std::uint64_t hash = 0;
+  std::size_t expansions = 0;
+  auto mark = [](std::uint32_t x) { return splitmix64(x + 1); };
+  auto run = [&](std::uint32_t x) {
+    apply(x, mem, +1);
+    done[x] = 1;
+    hash ^= mark(x);
+    order.push_back(x);
+    for (std::uint32_t k = first[x]; k < first[x + 1]; ++k) --left[succ[k]];
+  };
+  auto undo = [&](std::uint32_t x) {
+    for (std::uint32_t k = first[x]; k < first[x + 1]; ++k) ++left[succ[k]];
+    order.pop_back();
+    hash ^= mark(x);
+    done[x] = 0;
+    apply(x, mem, -1);
+  };
+  std::function<bool()> dfs = [&]() -> bool {
+    const std::size_t mark_order = order.size();
+    for (bool more = true; more;) {  // every release that is ready
+      more = false;
+      for (std::uint32_t x = 0; x < nodes; ++x)
+        if (!done[x] && !is_build[x] && left[x] == 0) run(x), more = true;
+    }
+    if (order.size() == nodes) return true;
+    bool found = false;
+    if (!dead.count(hash) && ++expansions <= limit) {
+      for (std::uint32_t x = 0; x < nodes && !found; ++x) {
+        if (done[x] || !is_build[x] || left[x] != 0 || !fits(x, mem)) continue;
+        run(x);
+        found = dfs();
+        if (!found) undo(x);
+      }
+      if (!found) dead.insert(hash);
+    }
+    if (!found)
+      while (order.size() > mark_order) undo(order.back());
+    return found;
+  };
+  if (dfs()) return order;
+  return {};
+}
+
+}  // namespace
+
+
+template <class Fits, class Apply>
+std::vector<std::uint32_t> TransitionCompiler::search_order(std::size_t nodes, const std::vector<std::uint32_t>& indeg,
+                                                            const std::vector<std::uint32_t>& first,
+                                                            const std::vector<std::uint32_t>& succ,
+                                                            const std::vector<std::uint64_t>& before, Fits&& fits,
+                                                            Apply&& apply) {
+  std::vector<bool> is_build(nodes);
+  for (std::size_t x = 0; x < nodes; ++x) is_build[x] = g_.nodes[x].is_build();
+  // Each expansion scans the nodes: about 2·10^7 node visits at most.
+  const std::size_t limit = std::max<std::size_t>(2000, 20000000 / std::max<std::size_t>(1, nodes));
+  return search_order_impl(nodes, is_build, indeg, first, succ, before, fits, apply, limit);
+}
 
 void TransitionCompiler::schedule() {
   const std::size_t nodes = g_.nodes.size();
@@ -63,9 +138,6 @@ void TransitionCompiler::schedule() {
       fail("the old plan already needs " + human_bytes(before[d]) + " on GPU " + std::to_string(d) + ", over its budget of " + human_bytes(budget));
   }
 
-  // List scheduling: releases as soon as they are ready; then the ready build first in
-  // generate → infer → train order that fits; a build that does not fit waits on the GPU
-  // that is short until something is released there.
   // Successors, stored flat: succ[first[x] .. first[x + 1]).
   std::vector<std::uint32_t> indeg(nodes, 0), first(nodes + 1, 0), succ;
   for (std::uint32_t x = 0; x < nodes; ++x)
@@ -80,69 +152,101 @@ void TransitionCompiler::schedule() {
     for (std::uint32_t x = 0; x < nodes; ++x)
       for (const Edge& e : g_.nodes[x].after) succ[fill[e.node]++] = x;
   }
-  using Key = std::tuple<int, std::uint16_t, std::uint32_t, std::uint32_t>;
+  const bool limited = req_.memory.capacity > 0;
+  auto fits = [&](std::uint32_t x, const std::vector<std::uint64_t>& mem) {
+    if (!limited) return true;
+    for (const Touch& t : touch[x])
+      if (mem[static_cast<std::size_t>(t.device)] + t.bytes > budget) return false;
+    return true;
+  };
+  auto apply = [&](std::uint32_t x, std::vector<std::uint64_t>& mem, int sign) {
+    for (const Touch& t : touch[x]) {
+      auto& m = mem[static_cast<std::size_t>(t.device)];
+      m = (g_.nodes[x].is_build() == (sign > 0)) ? m + t.bytes : m - t.bytes;
+    }
+  };
+
+  // 1. List scheduling: releases as soon as they are ready; then, among the ready builds
+  // that fit, first one whose completion lets an old unit go (release before acquire),
+  // then generate → infer → train order. A build that does not fit waits on the GPU that
+  // is short until something is released there.
+  using Key = std::tuple<int, int, std::uint16_t, std::uint32_t, std::uint32_t>;
   std::priority_queue<Key, std::vector<Key>, std::greater<>> ready;
-  std::vector<std::uint32_t> releases;  // ready destroys, a stack
-  auto make_ready = [&](std::uint32_t x) {
+  auto key = [&](std::uint32_t x, bool frees) {
     const GraphNode& n = g_.nodes[x];
-    if (n.is_build()) ready.push({g_.phase[n.unit.stage], n.unit.stage, n.unit.unit, x});
+    return Key{frees ? 0 : 1, g_.phase[n.unit.stage], n.unit.stage, n.unit.unit, x};
+  };
+  std::vector<std::uint32_t> releases;  // ready destroys, a stack
+  std::vector<char> done(nodes, 0);
+  auto make_ready = [&](std::uint32_t x) {
+    if (g_.nodes[x].is_build()) ready.push(key(x, false));
     else releases.push_back(x);
   };
+  std::vector<std::uint32_t> left = indeg;
   for (std::uint32_t x = 0; x < nodes; ++x)
-    if (indeg[x] == 0) make_ready(x);
+    if (left[x] == 0) make_ready(x);
   std::vector<std::uint64_t> mem = before;
   std::vector<std::vector<std::uint32_t>> parked(devs);
   std::vector<std::uint32_t> order;
   order.reserve(nodes);
   auto finish = [&](std::uint32_t x) {
     order.push_back(x);
-    for (std::uint32_t k = first[x]; k < first[x + 1]; ++k)
-      if (--indeg[succ[k]] == 0) make_ready(succ[k]);
+    done[x] = 1;
+    for (std::uint32_t k = first[x]; k < first[x + 1]; ++k) {
+      const std::uint32_t y = succ[k];
+      if (--left[y] == 0) make_ready(y);
+      else if (left[y] == 1 && !g_.nodes[y].is_build())
+        // One build stands between this old unit and its release: hurry it.
+        for (const Edge& e : g_.nodes[y].after)
+          if (!done[e.node] && g_.nodes[e.node].is_build() && left[e.node] == 0) ready.push(key(e.node, true));
+    }
   };
-  const bool limited = req_.memory.capacity > 0;
   for (;;) {
     while (!releases.empty()) {
       const std::uint32_t x = releases.back();
       releases.pop_back();
+      apply(x, mem, +1);
       for (const Touch& t : touch[x]) {
-        mem[static_cast<std::size_t>(t.device)] -= t.bytes;
-        for (std::uint32_t b : parked[static_cast<std::size_t>(t.device)]) {
-          const GraphNode& n = g_.nodes[b];
-          ready.push({g_.phase[n.unit.stage], n.unit.stage, n.unit.unit, b});
-        }
+        for (std::uint32_t b : parked[static_cast<std::size_t>(t.device)]) ready.push(key(b, false));
         parked[static_cast<std::size_t>(t.device)].clear();
       }
       finish(x);
     }
     if (ready.empty()) break;
-    const std::uint32_t x = std::get<3>(ready.top());
+    const std::uint32_t x = std::get<4>(ready.top());
     ready.pop();
-    if (limited) {
-      auto short_of = std::find_if(touch[x].begin(), touch[x].end(), [&](const Touch& t) {
-        return mem[static_cast<std::size_t>(t.device)] + t.bytes > budget;
-      });
-      if (short_of != touch[x].end()) {
-        auto& p = parked[static_cast<std::size_t>(short_of->device)];
-        if (std::find(p.begin(), p.end(), x) == p.end()) p.push_back(x);
-        continue;
-      }
+    if (done[x]) continue;  // queued twice
+    if (!fits(x, mem)) {
+      for (const Touch& t : touch[x])
+        if (mem[static_cast<std::size_t>(t.device)] + t.bytes > budget) {
+          auto& p = parked[static_cast<std::size_t>(t.device)];
+          if (std::find(p.begin(), p.end(), x) == p.end()) p.push_back(x);
+          break;
+        }
+      continue;
     }
-    for (const Touch& t : touch[x]) mem[static_cast<std::size_t>(t.device)] += t.bytes;
+    apply(x, mem, +1);
     finish(x);
+  }
+
+  // 2. When list scheduling gets stuck, search the orders exhaustively (depth first,
+  // remembering states that cannot finish) up to a bounded number of steps.
+  if (order.size() < nodes) {
+    std::vector<std::uint32_t> found = search_order(nodes, indeg, first, succ, before, fits, apply);
+    if (!found.empty()) order = std::move(found);
   }
 
   if (order.size() < nodes) {
     // Stuck: name the first blocked build, the GPU it is short on, and why nothing there
     // can be released first.
     std::uint32_t blocked = 0;
-    Key best{1 << 30, 0, 0, 0};
+    Key best{2, 1 << 30, 0, 0, 0};
     for (std::size_t d = 0; d < devs; ++d)
       for (std::uint32_t b : parked[d]) {
-        const GraphNode& n = g_.nodes[b];
-        const Key k{g_.phase[n.unit.stage], n.unit.stage, n.unit.unit, b};
+        const Key k = key(b, false);
         if (k < best) best = k, blocked = b;
       }
-    if (std::get<0>(best) == (1 << 30))
+    if (std::get<1>(best) == (1 << 30))
       throw Error("internal: the transition graph has a cycle");  // edges only go from builds to later nodes
     const GraphNode& n = g_.nodes[blocked];
     std::string why = g_.describe(n.unit) + " cannot be built: ";
@@ -154,23 +258,22 @@ void TransitionCompiler::schedule() {
       std::string waiting;
       for (std::uint32_t y = 0; y < nodes; ++y) {
         const GraphNode& r = g_.nodes[y];
-        if (r.is_build() || indeg[y] == 0) continue;
+        if (r.is_build() || done[y]) continue;
         const auto tg = touch[y];
         if (std::none_of(tg.begin(), tg.end(), [&](const Touch& z) { return static_cast<std::size_t>(z.device) == d; })) continue;
         waiting += (waiting.empty() ? "" : "; ") + g_.describe(r.unit) + " can only be destroyed after ";
         std::string deps;
         for (const Edge& e : r.after)
-          if (std::find(order.begin(), order.end(), e.node) == order.end())
-            deps += (deps.empty() ? "" : ", ") + g_.describe(g_.nodes[e.node].unit) + " is built";
+          if (!done[e.node]) deps += (deps.empty() ? "" : ", ") + g_.describe(g_.nodes[e.node].unit) + " is built";
         waiting += deps;
       }
       why += waiting.empty() ? ", and no old unit there is left to destroy" : ", and " + waiting;
       break;
     }
-    fail(why);
+    fail(why + " (no order of the remaining builds fits)");
     // Keep a usable order for reporting: the rest in node order.
     for (std::uint32_t x = 0; x < nodes; ++x)
-      if (std::find(order.begin(), order.end(), x) == order.end()) order.push_back(x);
+      if (!done[x]) order.push_back(x);
   }
 
   // Release-before-acquire edges: for each acquisition, the earliest releases on that GPU

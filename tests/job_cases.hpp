@@ -1,0 +1,82 @@
+#pragma once
+// Random RL jobs and global plans on small pools of GPUs, for the transition-graph and
+// job-runtime tests: tiny models of two architectures, random layouts, DP degrees, GPU
+// sets and orders, stale generation stages and memory budgets.
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cases.hpp"
+#include "nereus/core/global_plan.hpp"
+#include "nereus/plan/transition_graph.hpp"
+
+namespace testcase {
+
+/// A PPO job over tiny models: actor and reference tiny-llama, critic and reward
+/// tiny-qwen2-tied (different architectures, so roles never mix up). 16 sequences a step.
+inline nereus::JobSpec tiny_ppo_job() {
+  nereus::JobSpec j;
+  j.algorithm = nereus::Algorithm::ppo;
+  auto llama = nereus::load_model("tiny-llama");
+  auto qwen = nereus::load_model("tiny-qwen2-tied");
+  j.models = {{"actor", llama}, {"critic", qwen}, {"reference", llama}, {"reward", qwen}};
+  j.prompts_per_step = 16;
+  j.samples_per_prompt = 1;
+  j.prompt_len = 16;
+  j.max_response_len = 32;
+  return j;
+}
+
+class JobGenerator {
+ public:
+  explicit JobGenerator(std::uint64_t seed) : g_(seed), rng_(seed * 7919 + 1) {}
+
+  int uniform(int lo, int hi) { return g_.uniform(lo, hi); }
+  bool coin(double p = 0.5) { return g_.coin(p); }
+
+  /// A random spec for one model-stage on a pool of `pool` GPUs.
+  nereus::CollectionSpec spec(const nereus::ModelConfig& c, int pool) {
+    for (;;) {
+      nereus::Layout l = g_.layout(c, 4);
+      if (l.pp > 2) l.pp = 2, l.partition.clear();
+      if (l.size() > pool) continue;
+      std::vector<int> dps;
+      for (int dp : {1, 2, 4})
+        if (dp * l.size() <= pool) dps.push_back(dp);
+      const int dp = dps[static_cast<std::size_t>(uniform(0, static_cast<int>(dps.size()) - 1))];
+      std::vector<nereus::DeviceId> ids(static_cast<std::size_t>(pool));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng_);
+      ids.resize(static_cast<std::size_t>(l.size() * dp));
+      return {l, dp, ids};
+    }
+  }
+
+  /// A random plan: each model-stage independently, or (with `keep`) copied from `base`.
+  nereus::GlobalPlan plan(const nereus::JobSpec& job, int pool, const nereus::GlobalPlan* base = nullptr,
+                          double keep = 0) {
+    nereus::GlobalPlan p;
+    for (const auto& s : nereus::model_stages(job)) {
+      if (base && coin(keep)) p.stages.emplace_back(s.name(), *base->find(s.name()));
+      else p.stages.emplace_back(s.name(), spec(s.model->config(), pool));
+    }
+    return p;
+  }
+
+  /// Random stale flags: only generation/inference stages of trained roles.
+  std::vector<bool> stale(const nereus::JobSpec& job) {
+    std::vector<bool> out;
+    for (const auto& s : nereus::model_stages(job))
+      out.push_back(s.kind != nereus::StageKind::train && (s.role == "actor" || s.role == "critic") && coin(0.3));
+    return out;
+  }
+
+ private:
+  Generator g_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace testcase
