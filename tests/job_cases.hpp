@@ -15,14 +15,15 @@
 
 namespace testcase {
 
-/// A PPO job over tiny models: actor and reference tiny-llama, critic and reward
-/// tiny-qwen2-tied (different architectures, so roles never mix up). 16 sequences a step.
+/// A PPO job over very small models: actor and reference a qwen3 (q/k norms), critic and
+/// reward a llama with attention biases and tied embeddings (different architectures, so
+/// roles never mix up). 16 sequences a step.
 inline nereus::JobSpec tiny_ppo_job() {
   nereus::JobSpec j;
   j.algorithm = nereus::Algorithm::ppo;
-  auto llama = nereus::load_model("tiny-llama");
-  auto qwen = nereus::load_model("tiny-qwen2-tied");
-  j.models = {{"actor", llama}, {"critic", qwen}, {"reference", llama}, {"reward", qwen}};
+  auto qwen = synthetic("tiny-qwen3");
+  auto llama = synthetic("tiny-llama-bias");
+  j.models = {{"actor", qwen}, {"critic", llama}, {"reference", qwen}, {"reward", llama}};
   j.prompts_per_step = 16;
   j.samples_per_prompt = 1;
   j.prompt_len = 16;

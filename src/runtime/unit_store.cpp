@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include "nereus/core/error.hpp"
 #include "nereus/core/fill.hpp"
@@ -63,6 +64,64 @@ void for_each_fill_element(const ModelSpec& m, const BufferSpec& b, const Buffer
 
 }  // namespace
 
+void FillCheck::merge(const FillCheck& o) {
+  buffers += o.buffers;
+  bytes += o.bytes;
+  if (!o.ok && ok) first_error = o.first_error;
+  ok = ok && o.ok;
+}
+
+namespace {
+
+/// An element's bytes as an integer (little-endian host), for fixed widths 2 and 4.
+template <std::uint32_t W>
+struct Element {
+  using type = std::conditional_t<W == 2, std::uint16_t, std::uint32_t>;
+  static void store(std::byte* p, std::uint64_t v) {
+    const auto x = static_cast<type>(v);
+    std::memcpy(p, &x, W);
+  }
+  static bool equal(const std::byte* p, std::uint64_t v) {
+    type x;
+    std::memcpy(&x, p, W);
+    return x == static_cast<type>(v);
+  }
+};
+
+template <std::uint32_t W>
+void fill_part(const ModelSpec& m, const BufferSpec& b, const BufferSpec::Part& part, std::byte* base) {
+  for_each_fill_element(m, b, part, base, [](const std::byte* p, std::uint64_t v, std::int64_t, std::int64_t) {
+    Element<W>::store(const_cast<std::byte*>(p), v);
+    return true;
+  });
+}
+
+}  // namespace
+
+void fill_buffer(const ModelSpec& m, const BufferSpec& b, std::byte* base) {
+  for (const auto& part : b.parts) {
+    if (width(b.dtype) == 2) fill_part<2>(m, b, part, base);
+    else fill_part<4>(m, b, part, base);
+  }
+}
+
+FillCheck check_buffer(const ModelSpec& m, const BufferSpec& b, const std::byte* base) {
+  FillCheck res;
+  res.buffers = 1;
+  res.bytes = b.bytes();
+  const bool two = width(b.dtype) == 2;
+  for (const auto& part : b.parts)
+    for_each_fill_element(m, b, part, base, [&](const std::byte* p, std::uint64_t v, std::int64_t i0, std::int64_t j) {
+      if (two ? Element<2>::equal(p, v) : Element<4>::equal(p, v)) return true;
+      res.first_error = "device " + std::to_string(b.key.device) + " " + m.tensor(part.tensor).name + "@" +
+                        std::string(to_string(b.key.slot)) + " element [" + std::to_string(i0) + "," + std::to_string(j) +
+                        "] differs from the fill";
+      res.ok = false;
+      return false;
+    });
+  return res;
+}
+
 UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self)
     : plan_(plan), mine_(std::move(devices)), capacity_(capacity), self_(self) {
   for (std::uint32_t c = 0; c < plan.sources().size(); ++c) {
@@ -98,15 +157,8 @@ void UnitStore::allocate_and_fill(unsigned threads) {
   const ModelSpec& m = *plan_.target().model;
   std::atomic<std::size_t> next{0};
   auto work = [&] {
-    for (std::size_t i = next++; i < sources_.size(); i = next++) {
-      const BufferSpec& b = sources_[i];
-      const std::uint32_t w = width(b.dtype);
-      for (const auto& part : b.parts)
-        for_each_fill_element(m, b, part, address(b), [w](const std::byte* p, std::uint64_t v, std::int64_t, std::int64_t) {
-          std::memcpy(const_cast<std::byte*>(p), &v, w);  // little-endian host: the low bytes
-          return true;
-        });
-    }
+    for (std::size_t i = next++; i < sources_.size(); i = next++)
+      fill_buffer(m, sources_[i], const_cast<std::byte*>(address(sources_[i])));
   };
   std::vector<std::thread> pool;
   for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
@@ -125,35 +177,14 @@ FillCheck UnitStore::verify(const std::vector<BufferSpec>& bufs, unsigned thread
   std::atomic<std::size_t> next{0};
   std::vector<FillCheck> results(std::max(1u, threads));
   auto work = [&](FillCheck& res) {
-    for (std::size_t i = next++; i < bufs.size(); i = next++) {
-      const BufferSpec& b = bufs[i];
-      const std::byte* base = address(b);
-      const std::uint32_t w = width(b.dtype);
-      ++res.buffers;
-      res.bytes += b.bytes();
-      for (const auto& part : b.parts)
-        for_each_fill_element(m, b, part, base, [&](const std::byte* p, std::uint64_t v, std::int64_t i0, std::int64_t j) {
-          if (std::memcmp(p, &v, w) == 0) return true;
-          if (res.ok)
-            res.first_error = "device " + std::to_string(b.key.device) + " " + m.tensor(part.tensor).name + "@" +
-                              std::string(to_string(b.key.slot)) + " element [" + std::to_string(i0) + "," +
-                              std::to_string(j) + "] differs from the fill";
-          res.ok = false;
-          return false;
-        });
-    }
+    for (std::size_t i = next++; i < bufs.size(); i = next++) res.merge(check_buffer(m, bufs[i], address(bufs[i])));
   };
   std::vector<std::thread> pool;
   for (unsigned k = 1; k < results.size(); ++k) pool.emplace_back(work, std::ref(results[k]));
   work(results[0]);
   for (auto& t : pool) t.join();
   FillCheck all;
-  for (const auto& r : results) {
-    all.buffers += r.buffers;
-    all.bytes += r.bytes;
-    if (!r.ok && all.ok) all.first_error = r.first_error;
-    all.ok = all.ok && r.ok;
-  }
+  for (const auto& r : results) all.merge(r);
   return all;
 }
 

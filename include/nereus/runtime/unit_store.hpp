@@ -40,7 +40,14 @@ struct FillCheck {
   std::uint64_t buffers = 0;
   std::uint64_t bytes = 0;
   std::string first_error;
+  /// Adds another check's counts; keeps the first error.
+  void merge(const FillCheck& o);
 };
+
+/// Writes the verification fill of sharding.md into one buffer at `base`.
+void fill_buffer(const ModelSpec& m, const BufferSpec& b, std::byte* base);
+/// Checks one buffer at `base` against the fill.
+FillCheck check_buffer(const ModelSpec& m, const BufferSpec& b, const std::byte* base);
 
 class UnitStore {
  public:

@@ -1,0 +1,377 @@
+// The job runtime: units in device arenas, stage work, steps and weight syncs. The
+// transition machinery is in job_transition.cpp.
+#include "nereus/runtime/job.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "job_state.hpp"
+#include "nereus/core/error.hpp"
+#include "nereus/core/packing.hpp"
+
+namespace nereus {
+
+JobState::JobState(asio::any_io_executor e, JobSpec s, JobOptions o)
+    : ex(e), spec(std::move(s)), options(std::move(o)), changed(e) {}
+
+std::size_t JobState::index(std::string_view model_stage) const {
+  for (std::size_t i = 0; i < stages.size(); ++i)
+    if (stages[i].name() == model_stage) return i;
+  std::string names;
+  for (const auto& st : stages) names += (names.empty() ? "" : ", ") + st.name();
+  throw Error("'" + std::string(model_stage) + "' is not a model-stage of this job (it has " + names + ")");
+}
+
+DeviceBuffer JobState::allocate(DeviceId d, std::size_t bytes, const std::string& what) {
+  if (d < 0 || static_cast<std::size_t>(d) >= devices.size())
+    throw Error("device " + std::to_string(d) + " is not one of the job's " + std::to_string(devices.size()) + " devices");
+  HostDevice& dev = *devices[static_cast<std::size_t>(d)];
+  const std::size_t rounded = (bytes + 255) / 256 * 256;
+  if (dev.used() + rounded > budget) {
+    ++cap_violations;
+    throw Error("device " + std::to_string(d) + ": " + what + " needs " + human_bytes(bytes) + " but only " +
+                human_bytes(budget > dev.used() ? budget - dev.used() : 0) + " of its " + human_bytes(budget) +
+                " budget is free");
+  }
+  return dev.allocate(bytes, what);
+}
+
+UnitPtr JobState::allocate_unit(std::size_t stage, const Emu& e) {
+  auto u = std::make_shared<LiveUnit>();
+  u->emu = e;
+  const Collection one{stages[stage].model, stages[stage].name(), stages[stage].kind == StageKind::train, {e}};
+  u->buffers = collection_buffers(one, 0, e.gpus);
+  for (const BufferSpec& b : u->buffers)
+    u->memory.push_back(allocate(b.key.device, b.bytes(),
+                                 stages[stage].name() + " " + buffer_name(*stages[stage].model, b.key.buffer, b.packing) +
+                                     "@" + std::string(to_string(b.key.slot))));
+  return u;
+}
+
+void JobState::free_unit(LiveUnit& u) {
+  u.memory.clear();
+  u.freed = true;
+}
+
+bool JobState::retired(std::size_t stage) const {
+  const StageSlot& s = slots[stage];
+  if (s.running) return false;
+  return !transition || transition->effective_step <= step || s.ran_this_step;
+}
+
+void JobState::free_retired() {
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    if (retired(i)) {
+      for (auto& u : slots[i].retiring)
+        if (u->in_use == 0) free_unit(*u);
+      std::erase_if(slots[i].retiring, [](const UnitPtr& u) { return u->freed; });
+    }
+}
+
+Collection JobState::collection(std::size_t stage, const std::vector<UnitPtr>& units) const {
+  Collection c{stages[stage].model, stages[stage].name(), stages[stage].kind == StageKind::train, {}};
+  for (const auto& u : units) c.units.push_back(u->emu);
+  return c;
+}
+
+asio::awaitable<ExecutionReport> JobState::copy_units(
+    const std::vector<std::pair<std::size_t, std::vector<UnitPtr>>>& sources, std::size_t to,
+    const std::vector<UnitPtr>& targets, std::vector<Executor*>* active) {
+  std::vector<Collection> from;
+  BufferTable table;
+  for (std::uint32_t k = 0; k < sources.size(); ++k) {
+    from.push_back(collection(sources[k].first, sources[k].second));
+    for (const UnitPtr& u : sources[k].second)
+      for (std::size_t b = 0; b < u->buffers.size(); ++b) {
+        const BufferKey& key = u->buffers[b].key;
+        table.bind({k, key.device, key.buffer, key.slot},
+                   {reinterpret_cast<std::uint64_t>(u->memory[b].data()), u->memory[b].size(), 0});
+      }
+  }
+  for (const UnitPtr& u : targets)
+    for (std::size_t b = 0; b < u->buffers.size(); ++b) {
+      const BufferKey& key = u->buffers[b].key;
+      table.bind({kTargetSide, key.device, key.buffer, key.slot},
+                 {reinterpret_cast<std::uint64_t>(u->memory[b].data()), u->memory[b].size(), 0});
+    }
+  const ReshardPlan plan = plan_reshard(from, collection(to, targets), {options.links});
+  ExecutorOptions eo = options.executor;
+  eo.self = 0;
+  Executor executor(*transport, nullptr, [](DeviceId) { return PeerId{0}; }, eo);
+  const auto transfers = plan.transfers();
+  const BoundTransition bound = executor.bind(transfers, plan.target(), table);
+  if (active) active->push_back(&executor);
+  ExecutionReport report;
+  try {
+    report = co_await executor.run(bound);
+  } catch (...) {
+    if (active) std::erase(*active, &executor);
+    throw;
+  }
+  if (active) std::erase(*active, &executor);
+  co_return report;
+}
+
+Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobOptions options)
+    : s_(std::make_shared<JobState>(ex, std::move(spec), std::move(options))) {
+  JobState& s = *s_;
+  if (s.options.devices < 1) throw Error("job: needs at least one device");
+  if (!(s.options.headroom >= 0 && s.options.headroom < 1)) throw Error("job: headroom must be in [0, 1)");
+  s.budget = static_cast<std::uint64_t>(static_cast<double>(s.options.capacity) * (1.0 - s.options.headroom));
+  s.stages = model_stages(s.spec);
+  for (int d = 0; d < s.options.devices; ++d) s.devices.push_back(std::make_unique<HostDevice>(d, s.options.capacity));
+  s.busy.assign(s.devices.size(), 0);
+  if (s.options.transport) {
+    s.transport = s.options.transport;
+  } else {
+    s.own_transport = std::make_unique<LocalTransport>(LocalTransportOptions{std::max(1u, s.options.copy_threads), 1 << 20});
+    s.transport = s.own_transport.get();
+  }
+  const std::vector<Collection> cols = plan_collections(s.spec, initial, s.options.devices);
+  const std::int64_t batch = s.spec.prompts_per_step * s.spec.samples_per_prompt;
+  for (std::size_t i = 0; i < s.stages.size(); ++i) {
+    StageSlot slot;
+    slot.stage = s.stages[i];
+    slot.state = initial_stage_state(s.stages[i].name(), batch, cols[i].dp(), s.options.max_micro_batch, s.options.seed);
+    s.slots.push_back(std::move(slot));
+    for (const Emu& e : cols[i].units) {
+      UnitPtr u = s.allocate_unit(i, e);
+      if (s.options.fill)
+        for (std::size_t b = 0; b < u->buffers.size(); ++b) fill_buffer(*s.stages[i].model, u->buffers[b], u->memory[b].data());
+      s.slots[i].units.push_back(std::move(u));
+    }
+  }
+}
+
+Job::~Job() {
+  if (s_->transition && !s_->transition->finished) s_->transition->stop("the job was destroyed", true);
+}
+
+const JobSpec& Job::spec() const { return s_->spec; }
+std::int64_t Job::step() const { return s_->step; }
+const StageState& Job::state(std::string_view model_stage) const { return s_->slots[s_->index(model_stage)].state; }
+std::uint64_t Job::cap_violations() const { return s_->cap_violations; }
+
+GlobalPlan Job::plan() const {
+  GlobalPlan p;
+  for (std::size_t i = 0; i < s_->slots.size(); ++i) {
+    const Collection c = s_->collection(i, s_->slots[i].units);
+    CollectionSpec spec{c.units.empty() ? Layout{} : c.units[0].layout, c.dp(), c.devices()};
+    p.stages.emplace_back(s_->stages[i].name(), spec);
+  }
+  return p;
+}
+
+std::vector<DeviceUse> Job::devices() const {
+  std::vector<DeviceUse> out;
+  for (const auto& d : s_->devices) out.push_back({d->id(), d->used(), d->peak(), s_->budget});
+  return out;
+}
+
+FillCheck Job::verify() const {
+  FillCheck all;
+  std::set<const LiveUnit*> seen;
+  for (std::size_t i = 0; i < s_->slots.size(); ++i)
+    for (const auto* list : {&s_->slots[i].units, &s_->slots[i].next})
+      for (const UnitPtr& u : *list) {
+        if (u->freed || !seen.insert(u.get()).second) continue;
+        for (std::size_t b = 0; b < u->buffers.size(); ++b)
+          all.merge(check_buffer(*s_->stages[i].model, u->buffers[b], u->memory[b].data()));
+      }
+  return all;
+}
+
+asio::awaitable<void> Job::run_stage(std::string model_stage, StageWork work) {
+  auto s = s_;  // keeps the state alive across suspension
+  const std::size_t i = s->index(model_stage);
+  StageSlot& slot = s->slots[i];
+  if (slot.claimed) throw Error("model-stage '" + model_stage + "' is already running");
+  slot.claimed = true;
+  std::vector<UnitPtr> units;
+  for (;;) {
+    const auto& tr = s->transition;
+    // After a plan change takes effect, a stage runs on exactly its new units.
+    const bool awaiting = tr && !tr->finished && tr->effective_step <= s->step && !tr->applied[i];
+    bool free = !awaiting;
+    if (free) {
+      units = slot.units;
+      for (const UnitPtr& u : units)
+        for (DeviceId d : u->emu.gpus) free = free && s->busy[static_cast<std::size_t>(d)] == 0;
+    }
+    if (free) break;
+    try {
+      co_await s->changed.wait();
+    } catch (...) {
+      slot.claimed = false;
+      throw;
+    }
+  }
+  slot.running = true;
+  // Mark devices busy, hold the units, allocate the workspace.
+  const std::uint64_t ws = [&] {
+    for (const auto& [name, bytes] : s->options.workspace)
+      if (name == model_stage) return bytes;
+    return std::uint64_t{0};
+  }();
+  std::vector<DeviceBuffer> workspace;
+  std::exception_ptr failure;
+  for (const UnitPtr& u : units) {
+    ++u->in_use;
+    for (DeviceId d : u->emu.gpus) ++s->busy[static_cast<std::size_t>(d)];
+  }
+  try {
+    if (ws > 0)
+      for (const UnitPtr& u : units)
+        for (DeviceId d : u->emu.gpus) workspace.push_back(s->allocate(d, ws, model_stage + " workspace"));
+    std::vector<UnitContext> ctx(units.size());
+    auto ex = co_await asio::this_coro::executor;
+    AsyncScope scope(ex);
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      UnitContext& c = ctx[k];
+      c.stage_ = model_stage;
+      c.emu_ = &units[k]->emu;
+      c.replica_ = static_cast<int>(k);
+      c.state_ = &slot.state;
+      c.version_ = units[k]->version;
+      c.buffers_ = &units[k]->buffers;
+      for (auto& m : units[k]->memory) c.memory_.emplace_back(m.data(), m.size());
+      scope.spawn(work(c));
+    }
+    co_await scope.join();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  workspace.clear();
+  for (const UnitPtr& u : units) {
+    --u->in_use;
+    for (DeviceId d : u->emu.gpus) --s->busy[static_cast<std::size_t>(d)];
+  }
+  slot.running = false;
+  slot.claimed = false;
+  if (!failure) {
+    slot.ran_this_step = true;
+    if (slot.stage.kind == StageKind::train) {
+      ++slot.state.update_count;
+      ++slot.state.policy_version;
+      for (const UnitPtr& u : units) u->version = slot.state.policy_version;
+    }
+  }
+  s->free_retired();
+  s->changed.notify();
+  if (failure) std::rethrow_exception(failure);
+}
+
+namespace {
+
+/// The collection a stage runs on in step `step`.
+const std::vector<UnitPtr>& units_in(const JobState& s, std::size_t i, std::int64_t step) {
+  const StageSlot& slot = s.slots[i];
+  const bool takes_effect = s.transition && slot.switched && s.transition->effective_step <= step;
+  return takes_effect ? slot.next : slot.units;
+}
+
+}  // namespace
+
+asio::awaitable<void> Job::end_step() {
+  auto s = s_;
+  for (const StageSlot& slot : s->slots)
+    if (slot.claimed) throw Error("end_step: model-stage '" + slot.stage.name() + "' is still running");
+  // Weight sync: each generation/inference stage of a trained model gets the training
+  // stage's params, unit by unit where they are behind (param slot only).
+  for (std::size_t t = 0; t < s->slots.size(); ++t) {
+    if (s->stages[t].kind != StageKind::train) continue;
+    const std::vector<UnitPtr> sources = units_in(*s, t, s->step + 1);
+    for (std::size_t m = 0; m < s->slots.size(); ++m) {
+      if (m == t || s->stages[m].role != s->stages[t].role) continue;
+      std::vector<UnitPtr> behind;
+      for (const UnitPtr& u : units_in(*s, m, s->step + 1))
+        if (!u->freed && u->version < s->slots[t].state.policy_version) behind.push_back(u);
+      if (behind.empty()) continue;
+      for (const UnitPtr& u : sources) ++u->in_use;
+      for (const UnitPtr& u : behind) ++u->in_use;
+      std::exception_ptr failure;
+      const std::vector<std::pair<std::size_t, std::vector<UnitPtr>>> from{{t, sources}};  // GCC 12: not inside co_await
+      try {
+        co_await s->copy_units(from, m, behind);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      for (const UnitPtr& u : sources) --u->in_use;
+      for (const UnitPtr& u : behind) --u->in_use;
+      if (failure) std::rethrow_exception(failure);
+      for (const UnitPtr& u : behind) u->version = s->slots[t].state.policy_version;
+      s->slots[m].state.policy_version = s->slots[t].state.policy_version;
+    }
+  }
+  ++s->step;
+  for (std::size_t i = 0; i < s->slots.size(); ++i) {
+    StageSlot& slot = s->slots[i];
+    slot.ran_this_step = false;
+    slot.state.dataloader_position += s->spec.prompts_per_step;
+    slot.state.minibatch_position = 0;
+  }
+  if (s->transition) s->transition->take_effect();
+  s->free_retired();
+  s->changed.notify();
+}
+
+TransitionHandle Job::begin_transition(const GlobalPlan& target) {
+  JobState& s = *s_;
+  if (s.transition && (!s.transition->finished || s.transition->effective_step > s.step))
+    throw Error(s.transition->finished
+                    ? "the previous transition takes effect at step " + std::to_string(s.transition->effective_step) +
+                          ": end the step first"
+                    : "a transition is already in flight");
+  s.transition.reset();
+  const bool mid_step = std::any_of(s.slots.begin(), s.slots.end(), [](const StageSlot& x) { return x.ran_this_step || x.claimed; });
+  const std::int64_t effective = mid_step ? s.step + 1 : s.step;
+  TransitionRequest req;
+  req.job = &s.spec;
+  for (std::size_t i = 0; i < s.slots.size(); ++i) req.from.push_back(s.collection(i, s.slots[i].units));
+  req.to = plan_collections(s.spec, target, s.options.devices);
+  // A generation/inference stage is stale when its training stage will have updated the
+  // params by the time the new plan takes effect: its units are then never read.
+  req.stale.assign(s.slots.size(), false);
+  for (std::size_t t = 0; t < s.slots.size(); ++t) {
+    if (s.stages[t].kind != StageKind::train) continue;
+    const std::int64_t at_effect =
+        s.slots[t].state.policy_version + (effective > s.step && !s.slots[t].ran_this_step ? 1 : 0);
+    for (std::size_t m = 0; m < s.slots.size(); ++m)
+      if (m != t && s.stages[m].role == s.stages[t].role)
+        for (const UnitPtr& u : s.slots[m].units) req.stale[m] = req.stale[m] || u->version < at_effect;
+  }
+  req.memory.capacity = s.options.capacity;
+  req.memory.headroom = s.options.headroom;
+  req.memory.workspace = s.options.workspace;
+  req.links = s.options.links;
+  TransitionGraph graph = compile_transition(req);
+  if (!graph.feasibility.ok) throw Error("the transition to the new plan is infeasible: " + graph.feasibility.reason);
+  auto run = std::make_shared<TransitionRun>(s_, std::move(graph), effective);
+  s.transition = run;
+  asio::co_spawn(s.ex, run->run(), [run](std::exception_ptr) {});
+  return TransitionHandle(run);
+}
+
+asio::awaitable<TransitionReport> Job::transition(const GlobalPlan& target) {
+  for (const StageSlot& slot : s_->slots)
+    if (slot.ran_this_step || slot.claimed)
+      throw Error("transition(): model-stage '" + slot.stage.name() +
+                  "' already ran in this step; call it between steps, or use begin_transition() and end_step()");
+  TransitionHandle h = begin_transition(target);
+  co_return co_await h.wait();
+}
+
+asio::awaitable<TransitionReport> TransitionHandle::wait() {
+  auto run = run_;
+  if (!run) throw Error("wait() on an empty transition handle");
+  while (!run->finished) co_await run->done.wait();
+  co_return run->report;
+}
+
+void TransitionHandle::cancel() {
+  if (run_ && !run_->finished) run_->stop("cancelled", true);
+}
+
+bool TransitionHandle::done() const { return run_ && run_->finished; }
+
+}  // namespace nereus
