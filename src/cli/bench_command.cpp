@@ -1,6 +1,7 @@
 // `nereus bench transition`: move real bytes for a transition and time it.
 #include <memory>
 
+#include "../bench/job_bench.hpp"
 #include "../bench/transition_bench.hpp"
 #include "commands.hpp"
 #include "nereus/core/error.hpp"
@@ -39,6 +40,38 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--inject-kill-worker", c->kill_worker)->group("");
   t->callback([c, &argv] {
     const int rc = bench::run_transition_bench(*c, argv);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+
+  auto k = std::make_shared<bench::CoordinationConfig>();
+  CLI::App* co = bench->add_subcommand("coordination",
+      "Plan changes of two model-stages on a shared, nearly full pool under random timing: reach the new plan, "
+      "no deadlock, no cap violation, bytes verified");
+  co->add_option("--type", k->type, "sm-cs (same model, cross stage) | cm-ss (cross model, same stage) | cm-cs")
+      ->check(CLI::IsMember({"sm-cs", "cm-ss", "cm-cs"}));
+  co->add_option("--trials", k->trials, "trials (default 100)")->check(CLI::PositiveNumber);
+  co->add_option("--devices", k->devices, "host devices in the pool (default 8)")->check(CLI::Range(2, 64));
+  co->add_option("--seed", k->seed, "random seed (default 1)");
+  co->add_option("--slack", k->slack, "capacity above the smallest that admits the transition (default 0.02)")
+      ->check(CLI::Range(0.0, 10.0));
+  co->add_option("--timeout", k->timeout_seconds, "seconds before a trial counts as deadlocked (default 30)")
+      ->check(CLI::PositiveNumber);
+  co->add_flag("--json", k->json, "print one JSON object");
+  co->callback([k] {
+    const int rc = bench::run_coordination_bench(*k);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+
+  auto ov = std::make_shared<bench::OverlapConfig>();
+  CLI::App* o = bench->add_subcommand("overlap",
+      "A transition beside CPU stage work on other devices: exposed time against the transition alone");
+  o->add_option("--repeat", ov->repeat, "repetitions (default 5)")->check(CLI::PositiveNumber);
+  o->add_option("--stage-seconds", ov->stage_seconds, "length of the stage work (default: twice the transition)")
+      ->check(CLI::NonNegativeNumber);
+  o->add_flag("--smoke", ov->smoke, "tiny models: checks that it works; the figures mean little");
+  o->add_flag("--json", ov->json, "print one JSON object");
+  o->callback([ov] {
+    const int rc = bench::run_overlap_bench(*ov);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }
