@@ -107,4 +107,63 @@ check(rc != 0 and "--from" in err, "missing option named")
 rc, _, _ = run()
 check(rc != 0, "no sub-command exits non-zero")
 
+# Whole-job transition graphs: nereus plan --job.
+PLAN_A = {"actor/generate": "tp=2,pp=1,dp=4,devices=0-7", "actor/infer": "tp=2,pp=1,dp=1,devices=0-1",
+          "critic/infer": "tp=2,pp=1,dp=1,devices=2-3", "reference/infer": "tp=2,pp=1,dp=1,devices=4-5",
+          "reward/infer": "tp=2,pp=1,dp=1,devices=6-7", "actor/train": "tp=4,pp=1,dp=1,devices=0-3",
+          "critic/train": "tp=4,pp=1,dp=1,devices=4-7"}
+PLAN_B = dict(PLAN_A, **{"actor/generate": "tp=1,pp=1,dp=8,devices=0-7", "actor/train": "tp=2,pp=2,dp=1,devices=4-7",
+                         "critic/train": "tp=2,pp=2,dp=1,devices=0-3"})
+with tempfile.TemporaryDirectory() as d:
+    pa, pb = os.path.join(d, "a.json"), os.path.join(d, "b.json")
+    json.dump(PLAN_A, open(pa, "w"))
+    json.dump(PLAN_B, open(pb, "w"))
+    g = plan_json("--job", "ppo-tiny", "--from-plan", pa, "--to-plan", pb, "--nodes")
+    for key in ["feasible", "moved_bytes", "local_bytes", "l_tran_seconds", "critical_path_seconds", "plan_ms", "builds",
+                "destroys", "edges", "model_stages", "nodes", "memory"]:
+        check(key in g, f"plan --job JSON has {key}")
+    nodes = g.get("nodes", [])
+    check(sum(n["moved_bytes"] for n in nodes if n["kind"] != "destroy") == g.get("moved_bytes"), "builds sum to moved_bytes")
+    check(all(e["node"] < n["id"] for n in nodes for e in n["after"]), "nodes are in a topological order")
+    check({n["kind"] for n in nodes} >= {"split", "reshard", "destroy"}, "node kinds from the primitives")
+    st = {s["model_stage"]: s for s in g.get("model_stages", [])}
+    check(st.get("critic/infer", {}).get("strategy") == "unchanged", "an unchanged model-stage is kept")
+    check("would move" in st.get("actor/train", {}).get("why", ""), "a direct reshard records why")
+    # Inline JSON works as a plan too; the readable table names the strategies.
+    rc, out, _ = run("plan", "--job", "ppo-tiny", "--from-plan", json.dumps(PLAN_A), "--to-plan", pb, "--nodes")
+    check(rc == 0 and "L_tran" in out and "primitives" in out and "destroy" in out, "readable transition graph")
+    # A swap of the two training stages at a budget that cannot hold both: infeasible, exit 3.
+    swap = dict(PLAN_A, **{"actor/train": "tp=4,pp=1,dp=1,devices=4-7", "critic/train": "tp=4,pp=1,dp=1,devices=0-3"})
+    ps = os.path.join(d, "s.json")
+    json.dump(swap, open(ps, "w"))
+    rc, out, _ = run("plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", ps, "--capacity", "12MiB", "--json")
+    j = json.loads(out) if out else {}
+    check(rc == 3 and j.get("feasible") is False and "cannot be built" in j.get("reason", ""), "infeasible: exit 3 and why")
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps({"actor/generate": "tp=2"})],
+                 "model-stage 'actor/infer' has no layout")
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"critic/generate": "tp=1"}))],
+                 "'critic/generate' is not a model-stage")
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"actor/train": "tp=4,pp=1,dp=3"}))],
+                 "dp 3 does not divide the global batch")
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"actor/train": "tp=x"}))],
+                 "model-stage 'actor/train'")
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", pb, "--workspace", "actor/train"], "STAGE=SIZE")
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa], "--to-plan")
+    expect_error(["plan", "--job", "ppo-tiny", "--model", "tiny-llama", "--from-plan", pa, "--to-plan", pb], "--job plans a whole job")
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", os.path.join(d, "missing.json"), "--to-plan", pb], "missing.json")
+
+# The coordination and overlap benches (smoke sizes).
+for t in ["sm-cs", "cm-ss", "cm-cs"]:
+    rc, out, err = run("bench", "coordination", "--type", t, "--trials", "3", "--json")
+    j = json.loads(out) if rc == 0 and out else {}
+    for key in ["trials", "succeeded", "deadlocks", "cap_violations", "seconds_median"]:
+        check(key in j, f"coordination {t} JSON has {key}")
+    check(j.get("succeeded") == 3 and j.get("deadlocks") == 0 and j.get("cap_violations") == 0 and j.get("verified") == 3,
+          f"coordination {t}: all trials reach the new plan, verified ({err.strip()})")
+rc, out, err = run("bench", "overlap", "--smoke", "--repeat", "1", "--json")
+j = json.loads(out) if rc == 0 and out else {}
+check(j.get("verified") is True and "exposed_ratio" in j and j.get("cap_violations") == 0, f"overlap smoke ({err.strip()})")
+rc, _, err = run("bench", "coordination", "--type", "xx")
+check(rc != 0 and "--type" in err, "an unknown coordination type is refused")
+
 finish("cli")

@@ -113,6 +113,7 @@ int run_overlap_bench(const OverlapConfig& c) {
           const auto t0 = clock::now();
           co_await job.run_stage("actor/train", stage);
           t = seconds_since(t0);
+          co_await job.end_step();
         }());
       }
       rounds = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(static_cast<double>(rounds) * target / t));
@@ -121,6 +122,7 @@ int run_overlap_bench(const OverlapConfig& c) {
       const auto t0 = clock::now();
       co_await job.run_stage("actor/train", stage);
       alone.push_back(seconds_since(t0));
+      co_await job.end_step();
     }());
     // Both: the transition begins, the stage runs beside it.
     run([&]() -> asio::awaitable<void> {

@@ -85,6 +85,7 @@ class TransitionRun : public std::enable_shared_from_this<TransitionRun> {
   std::vector<std::vector<UnitPtr>> olds, news;  ///< per stage: old units (graph.from order), new units (graph.to order)
   std::vector<std::vector<char>> destroyed;      ///< per stage and old unit
   std::vector<int> builds_left;                  ///< per stage
+  int builds_pending = 0;                        ///< over all stages
   std::vector<char> applied;                     ///< per stage: new units in effect
   std::vector<char> node_done;
   std::vector<Executor*> active;
@@ -106,6 +107,10 @@ class TransitionRun : public std::enable_shared_from_this<TransitionRun> {
  private:
   asio::awaitable<void> run_node(std::uint32_t x);
   bool ready(std::uint32_t x) const;
+  bool after_done(std::uint32_t x) const;
+  /// Once every new unit is committed, an old unit whose stage still needs it this step
+  /// is handed to the stage to free when the step no longer needs it.
+  bool hand_over(std::uint32_t x);
   asio::awaitable<void> build(std::uint32_t x);
   void destroy(std::uint32_t x);
   void switch_stage(std::size_t stage);

@@ -24,7 +24,7 @@ TransitionRun::TransitionRun(std::shared_ptr<JobState> j, TransitionGraph g, std
       if (graph.kept[i][u] >= 0) news[i][u] = olds[i][static_cast<std::size_t>(graph.kept[i][u])];
   }
   for (const GraphNode& node : graph.nodes)
-    if (node.is_build()) ++builds_left[node.unit.stage];
+    if (node.is_build()) ++builds_left[node.unit.stage], ++builds_pending;
   node_done.assign(graph.nodes.size(), 0);
 }
 
@@ -41,10 +41,23 @@ void TransitionRun::stop(std::string why, bool by_cancel) {
   job->changed.notify();
 }
 
+bool TransitionRun::after_done(std::uint32_t x) const {
+  const GraphNode& n = graph.nodes[x];
+  return std::all_of(n.after.begin(), n.after.end(), [&](const Edge& e) { return node_done[e.node] != 0; });
+}
+
+bool TransitionRun::hand_over(std::uint32_t x) {
+  const GraphNode& n = graph.nodes[x];
+  if (n.is_build() || builds_pending > 0 || !after_done(x)) return false;
+  destroyed[n.unit.stage][n.unit.unit] = 1;
+  job->slots[n.unit.stage].retiring.push_back(olds[n.unit.stage][n.unit.unit]);
+  runs.push_back({x, n.kind, since(), since(), 0});
+  return true;
+}
+
 bool TransitionRun::ready(std::uint32_t x) const {
   const GraphNode& n = graph.nodes[x];
-  for (const Edge& e : n.after)
-    if (!node_done[e.node]) return false;
+  if (!after_done(x)) return false;
   const JobState& s = *job;
   auto device_free = [&](DeviceId d) { return !s.options.avoid_busy || s.busy[static_cast<std::size_t>(d)] == 0; };
   if (!n.is_build()) {
@@ -94,6 +107,7 @@ asio::awaitable<void> TransitionRun::build(std::uint32_t x) {
   news[i][n.unit.unit] = unit;
   runs.push_back({x, n.kind, start, since(), rep.link_bytes + rep.local_bytes});
   report.copied_bytes += rep.link_bytes + rep.local_bytes;
+  --builds_pending;
   if (--builds_left[i] == 0) switch_stage(i);
 }
 
@@ -141,10 +155,16 @@ void TransitionRun::take_effect() {
 
 asio::awaitable<void> TransitionRun::run_node(std::uint32_t x) {
   try {
-    while (!stopping && !ready(x)) co_await job->changed.wait();
+    bool handed = false;
+    while (!stopping && !ready(x) && !(handed = hand_over(x))) co_await job->changed.wait();
     if (stopping) co_return;
-    if (graph.nodes[x].is_build()) co_await build(x);
-    else destroy(x);
+    if (handed) {
+      // freed by the stage once this step no longer needs it
+    } else if (graph.nodes[x].is_build()) {
+      co_await build(x);
+    } else {
+      destroy(x);
+    }
     node_done[x] = 1;
     job->free_retired();
     job->changed.notify();
