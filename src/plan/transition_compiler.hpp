@@ -83,6 +83,7 @@ class TransitionCompiler {
   // Per stage: bytes of each position of a unit of an interned layout.
   std::vector<std::map<int, std::vector<std::uint64_t>>> footprints_;
   DeviceId max_device_ = 0;
+  bool search_exhausted_ = true;  // the fallback search looked at every order
 
   bool eligible(std::size_t src_stage, std::size_t dst_stage) const {
     return role_[src_stage] == role_[dst_stage] && !stale_[src_stage] && (!train_[dst_stage] || train_[src_stage]);

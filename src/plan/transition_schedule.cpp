@@ -26,12 +26,12 @@ namespace {
 /// Depth-first search for an order in which every build fits: after each build, every
 /// release that became possible is applied (releasing never hurts), so a state is the set
 /// of nodes done. States known not to finish are remembered by a hash of that set. Gives
-/// up (returns empty) after `limit` expansions.
+/// up (returns empty, with `exhausted` false) after `limit` expansions.
 template <class Fits, class Apply>
 std::vector<std::uint32_t> search_order_impl(std::size_t nodes, const std::vector<bool>& is_build,
                                              std::vector<std::uint32_t> left, const std::vector<std::uint32_t>& first,
                                              const std::vector<std::uint32_t>& succ, std::vector<std::uint64_t> mem,
-                                             Fits&& fits, Apply&& apply, std::size_t limit) {
+                                             Fits&& fits, Apply&& apply, std::size_t limit, bool& exhausted) {
   std::vector<char> done(nodes, 0);
   std::vector<std::uint32_t> order;
   std::unordered_set<std::uint64_t> dead;
@@ -53,6 +53,7 @@ std::vector<std::uint32_t> search_order_impl(std::size_t nodes, const std::vecto
     apply(x, mem, -1);
   };
   std::function<bool()> dfs = [&]() -> bool {
+    if (++expansions > limit) return false;  // every call costs a scan: count them all
     const std::size_t mark_order = order.size();
     for (bool more = true; more;) {  // every release that is ready
       more = false;
@@ -61,20 +62,22 @@ std::vector<std::uint32_t> search_order_impl(std::size_t nodes, const std::vecto
     }
     if (order.size() == nodes) return true;
     bool found = false;
-    if (!dead.count(hash) && ++expansions <= limit) {
+    if (!dead.count(hash)) {
       for (std::uint32_t x = 0; x < nodes && !found; ++x) {
         if (done[x] || !is_build[x] || left[x] != 0 || !fits(x, mem)) continue;
         run(x);
         found = dfs();
         if (!found) undo(x);
       }
-      if (!found) dead.insert(hash);
+      if (!found && expansions <= limit) dead.insert(hash);  // only states searched to the end
     }
     if (!found)
       while (order.size() > mark_order) undo(order.back());
     return found;
   };
-  if (dfs()) return order;
+  const bool found = dfs();
+  exhausted = expansions <= limit;
+  if (found) return order;
   return {};
 }
 
@@ -89,9 +92,10 @@ std::vector<std::uint32_t> TransitionCompiler::search_order(std::size_t nodes, c
                                                             Apply&& apply) {
   std::vector<bool> is_build(nodes);
   for (std::size_t x = 0; x < nodes; ++x) is_build[x] = g_.nodes[x].is_build();
-  // Each expansion scans the nodes: about 2·10^7 node visits at most.
-  const std::size_t limit = std::max<std::size_t>(2000, 20000000 / std::max<std::size_t>(1, nodes));
-  return search_order_impl(nodes, is_build, indeg, first, succ, before, fits, apply, limit);
+  // Each expansion scans the nodes: about 2·10^6 node visits at most (tens of
+  // milliseconds), which is exhaustive for small graphs.
+  const std::size_t limit = std::max<std::size_t>(2000, 2000000 / std::max<std::size_t>(1, nodes));
+  return search_order_impl(nodes, is_build, indeg, first, succ, before, fits, apply, limit, search_exhausted_);
 }
 
 void TransitionCompiler::schedule() {
@@ -270,7 +274,8 @@ void TransitionCompiler::schedule() {
       why += waiting.empty() ? ", and no old unit there is left to destroy" : ", and " + waiting;
       break;
     }
-    fail(why + " (no order of the remaining builds fits)");
+    fail(why + (search_exhausted_ ? " (no order of the remaining builds fits)"
+                                  : " (no order found within the search limit)"));
     // Keep a usable order for reporting: the rest in node order.
     for (std::uint32_t x = 0; x < nodes; ++x)
       if (!done[x]) order.push_back(x);
