@@ -22,3 +22,9 @@ say "Move real bytes: llama-3.2-1b tp=4 -> tp=2,dp=2 on 4 host devices, every by
   $nereus bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --verify
 say "The same across 2 processes over UCX" \
   $nereus bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport ucx --procs 2 --verify
+say "A whole PPO job's plan change as one transition graph (7 model-stages, tiny models)" \
+  $nereus plan --job ppo-tiny --from-plan examples/plans/ppo-tiny-a.json --to-plan examples/plans/ppo-tiny-b.json --nodes
+say "The 4-model llama-3.1-8b PPO job growing from 512 to 1,024 GPUs at 80 GiB per GPU" \
+  $nereus plan --job ppo-llama-3.1-8b --from-plan examples/plans/ppo-8b-512gpus.json --to-plan examples/plans/ppo-8b-1024gpus.json --capacity 80GiB
+say "Coordinated plan changes of two model-stages on a nearly full pool, real bytes, random timing" \
+  $nereus bench coordination --type cm-cs --trials 10
