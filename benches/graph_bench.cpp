@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "nereus/core/cluster.hpp"
 #include "nereus/plan/transition_graph.hpp"
 
@@ -46,34 +47,19 @@ Result measure(const JobSpec& job, const GlobalPlan& from, const GlobalPlan& to,
   req.to = plan_collections(job, to);
   req.links = LinkModel::of(load_cluster("h200-node"));
   req.memory.capacity = capacity;
-  std::vector<double> ms;
   Result r{};
-  for (int i = 0; i < repeat; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+  r.median_ms = bench::median_ms(repeat, [&] {
     const TransitionGraph g = compile_transition(req);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     r.summary = g.summary;
     r.feasible = g.feasibility.ok;
-  }
-  std::sort(ms.begin(), ms.end());
-  r.median_ms = ms[ms.size() / 2];
+  });
   return r;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int repeat = 31;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--smoke")) repeat = 3;
-    else if (!std::strcmp(argv[i], "--json")) json = true;
-    else if (!std::strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
-    else {
-      fmt::print(stderr, "usage: graph_bench [--repeat N] [--smoke] [--json]\n");
-      return 2;
-    }
-  }
+  const auto [repeat, json] = bench::parse_args(argc, argv, "graph_bench");
   const JobSpec job = load_job("ppo-llama-3.1-8b");
   const Result big = measure(job, ppo_plan(512, 4, 4, 8, 1), ppo_plan(1024, 2, 2, 4, 2), repeat);
   const Result small = measure(job, ppo_plan(16, 4, 4, 8, 1), ppo_plan(32, 2, 2, 4, 2), repeat);

@@ -9,39 +9,15 @@
 #include <numeric>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "nereus/plan/placement.hpp"
 #include "nereus/plan/reshard.hpp"
 
 using namespace nereus;
 
-namespace {
-
-template <class F>
-double median_ms(int repeat, F&& f) {
-  std::vector<double> ms;
-  for (int i = 0; i < repeat; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
-  int repeat = 31;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--smoke")) repeat = 3;
-    else if (!std::strcmp(argv[i], "--json")) json = true;
-    else if (!std::strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
-    else {
-      fmt::print(stderr, "usage: plan_bench [--repeat N] [--smoke] [--json]\n");
-      return 2;
-    }
-  }
+  const auto [repeat, json] = bench::parse_args(argc, argv, "plan_bench");
   const auto model = load_model("llama-3.3-70b");
   const auto src = Collection::from_spec(model, "actor/train", parse_collection_spec("tp=8,pp=2,dp=64"), true);
   const auto dst = Collection::from_spec(model, "actor/train", parse_collection_spec("tp=4,pp=4,dp=64"), true);
@@ -50,10 +26,10 @@ int main(int argc, char** argv) {
 
   std::uint64_t moved = 0;
   std::size_t node_transfers = 0;
-  const double summary_ms = median_ms(repeat, [&] { moved = plan_reshard(src, dst).summary().moved_bytes; });
-  const double node_ms = median_ms(repeat, [&] { node_transfers = plan_reshard(src, dst).transfers_touching(node0).size(); });
+  const double summary_ms = bench::median_ms(repeat, [&] { moved = plan_reshard(src, dst).summary().moved_bytes; });
+  const double node_ms = bench::median_ms(repeat, [&] { node_transfers = plan_reshard(src, dst).transfers_touching(node0).size(); });
   Collection placed;
-  const double placement_ms = median_ms(std::max(1, repeat / 4), [&] {
+  const double placement_ms = bench::median_ms(std::max(1, repeat / 4), [&] {
     placed = optimize_placement(std::span<const Collection>(&src, 1), dst, 8);
   });
   const std::uint64_t placed_moved = plan_reshard(src, placed).summary().moved_bytes;

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "job_cases.hpp"
+#include "run_async.hpp"
 #include "nereus/runtime/job.hpp"
 #include "nereus/transport/chaos.hpp"
 #include "nereus/transport/local.hpp"
@@ -16,27 +17,10 @@
 using namespace nereus;
 using testing::error_of;
 using testing::has;
+using testing::run_on;
 
 namespace {
 
-/// Runs a coroutine to completion on `io`.
-template <class T>
-T run_on(asio::io_context& io, asio::awaitable<T> a) {
-  std::optional<T> out;
-  std::exception_ptr err;
-  bool done = false;
-  asio::co_spawn(io, std::move(a), [&](std::exception_ptr e, T v) {
-    err = e;
-    if (!e) out = std::move(v);
-    done = true;
-  });
-  io.restart();
-  while (!done && io.run_one() > 0) {
-  }
-  REQUIRE(done);
-  if (err) std::rethrow_exception(err);
-  return std::move(*out);
-}
 
 asio::awaitable<void> sleep_ms(double ms) {
   asio::steady_timer t(co_await asio::this_coro::executor);

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "mock_transport.hpp"
+#include "run_async.hpp"
 #include "nereus/core/error.hpp"
 #include "nereus/plan/reshard.hpp"
 #include "nereus/runtime/executor.hpp"
@@ -16,23 +17,11 @@
 using namespace nereus;
 using testing::error_of;
 using testing::has;
+using testing::run_on;
 
 namespace {
 
 
-template <class T>
-T run_sync(asio::io_context& io, asio::awaitable<T> a) {
-  std::optional<T> out;
-  std::exception_ptr err;
-  asio::co_spawn(io, std::move(a), [&](std::exception_ptr e, T v) {
-    err = e;
-    if (!e) out = std::move(v);
-  });
-  io.run();
-  io.restart();
-  if (err) std::rethrow_exception(err);
-  return std::move(*out);
-}
 
 /// Host devices and bound buffers of a single-process transition.
 struct World {
@@ -130,7 +119,7 @@ TEST_CASE("async scope joins everything it spawned and reports the first excepti
     }
     co_return what == "boom" ? 1 : 0;
   };
-  CHECK(run_sync(io, body()) == 1);
+  CHECK(run_on(io, body()) == 1);
   CHECK(done == 50);
 }
 
@@ -150,7 +139,7 @@ TEST_CASE("executor: per-link concurrency, commits after the last byte, failure,
   CHECK(bound.size() == transfers.size());
 
   SUBCASE("runs every transfer, at most 2 per link, commits each unit once") {
-    const auto report = run_sync(io, ex.run(bound));
+    const auto report = run_on(io, ex.run(bound));
     CHECK(report.timings.size() == transfers.size());
     CHECK(mock.max_in_flight <= 2 * 4);  // 4 links (0->2, 1->2, 0->3, 1->3)
     CHECK(mock.max_in_flight >= 2);
@@ -165,7 +154,7 @@ TEST_CASE("executor: per-link concurrency, commits after the last byte, failure,
   }
   SUBCASE("a failed transfer stops the run with its reason") {
     mock.fail_on = 5;
-    const std::string err = error_of([&] { run_sync(io, ex.run(bound)); });
+    const std::string err = error_of([&] { run_on(io, ex.run(bound)); });
     CHECK(err.find("failed: mock failure") != std::string::npos);
     CHECK(mock.in_flight == 0);
   }
@@ -174,7 +163,7 @@ TEST_CASE("executor: per-link concurrency, commits after the last byte, failure,
     asio::steady_timer t(io);
     t.expires_after(std::chrono::milliseconds(20));
     t.async_wait([&](auto) { ex.cancel(); });
-    const std::string err = error_of([&] { run_sync(io, ex.run(bound)); });
+    const std::string err = error_of([&] { run_on(io, ex.run(bound)); });
     CHECK(err.find("cancelled") != std::string::npos);
     CHECK(mock.in_flight == 0);
   }
@@ -220,7 +209,7 @@ TEST_CASE("local transport moves real bytes, strided and chunked, through the ex
   ExecutorOptions opt;
   opt.chunk_bytes = 10000;
   Executor ex(local, nullptr, [](DeviceId) { return PeerId{0}; }, opt);
-  const auto report = run_sync(io, ex.run(ex.bind(transfers, plan.target(), w.table)));
+  const auto report = run_on(io, ex.run(ex.bind(transfers, plan.target(), w.table)));
   CHECK(report.link_bytes == plan.summary().moved_bytes);
   // Every destination element equals its source element.
   for (const Transfer& t : transfers) {
@@ -238,7 +227,7 @@ TEST_CASE("local transport moves real bytes, strided and chunked, through the ex
     CHECK(same);
   }
   // No view reaches outside: a second run is byte-identical and sources are untouched.
-  CHECK_NOTHROW(run_sync(io, ex.run(ex.bind(transfers, plan.target(), w.table))));
+  CHECK_NOTHROW(run_on(io, ex.run(ex.bind(transfers, plan.target(), w.table))));
 }
 
 TEST_CASE("local transport: empty posts complete through the executor's event loop") {
@@ -252,9 +241,9 @@ TEST_CASE("local transport: empty posts complete through the executor's event lo
     }
     co_return n;
   };
-  CHECK(run_sync(io, body()) == 1000);
+  CHECK(run_on(io, body()) == 1000);
   DescriptorList get;
   get.op = Op::get;
   auto refuse = [&]() -> asio::awaitable<int> { co_return static_cast<int>((co_await local.post(get)).code()); };
-  CHECK(run_sync(io, refuse()) == static_cast<int>(StatusCode::not_supported));
+  CHECK(run_on(io, refuse()) == static_cast<int>(StatusCode::not_supported));
 }

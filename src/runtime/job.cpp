@@ -145,6 +145,9 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
 
 Job::~Job() {
   if (s_->transition && !s_->transition->finished) s_->transition->stop("the job was destroyed", true);
+  // The state and a transition refer to each other: break the cycle. A run still in
+  // flight keeps both alive until its coroutine ends.
+  s_->transition.reset();
 }
 
 const JobSpec& Job::spec() const { return s_->spec; }
