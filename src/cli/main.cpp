@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   nereus::cli::add_plan_command(app);
   nereus::cli::add_model_command(app);
   nereus::cli::add_presets_command(app);
+  nereus::cli::add_search_command(app);
   nereus::cli::add_bench_command(app, args);
   try {
     app.parse(argc, argv);

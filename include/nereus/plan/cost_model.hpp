@@ -1,0 +1,89 @@
+#pragma once
+// The cost model (architecture.md, "Cost model"): predicted time and per-GPU memory of a
+// model-stage candidate, and a plan's step latency, from FLOPs and bytes per op class at
+// peak rate divided by one learned efficiency per class.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "nereus/core/cluster.hpp"
+#include "nereus/core/job.hpp"
+
+namespace nereus {
+
+/// What one RL step processes.
+struct Workload {
+  std::int64_t sequences = 0;     ///< prompts × samples per step
+  double prompt_len = 0;
+  double response_len_mean = 0;
+  double response_len_p95 = 0;    ///< sizes the KV cache and activations
+  double link_slowdown = 1;       ///< observed factor ≥ 1 on inter-node bandwidth
+
+  static Workload of(const JobSpec& job, double response_len_mean, double response_len_p95);
+};
+
+/// Kinds of work whose efficiency is learned separately.
+enum class OpClass : std::uint8_t {
+  gemm,             ///< dense matrix multiplies (compute-bound)
+  attention,        ///< attention scores and mixing (compute-bound, prefill and training)
+  decode,           ///< memory-bound kernels: token-by-token decoding, optimizer step
+  allreduce_intra,  ///< TP/DP all-reduce inside a node
+  allreduce_inter,  ///< all-reduce across nodes
+  p2p_intra,        ///< pipeline sends inside a node
+  p2p_inter,        ///< pipeline sends across nodes
+};
+inline constexpr std::size_t kOpClasses = 7;
+std::string_view to_string(OpClass c);
+
+/// Seconds a candidate would take at the peak rate of each class (FLOPs at bf16 peak,
+/// bytes at HBM or link bandwidth, plus fixed per-collective latency).
+struct StageWork {
+  std::array<double, kOpClasses> ideal{};
+  double seconds(const std::array<double, kOpClasses>& efficiency) const;
+};
+
+/// Per-GPU memory of a candidate (the busiest GPU of a unit).
+struct StageMemory {
+  std::uint64_t resident = 0;   ///< state kept between steps: params (+ grads and optimizer)
+  std::uint64_t transient = 0;  ///< while it runs: activations, KV cache, logits
+};
+
+/// One placement of a model-stage: layout, replicas, and choices that trade memory for time.
+struct Candidate {
+  int tp = 1, pp = 1, dp = 1;
+  bool recompute = false;  ///< training: keep only layer inputs, recompute the rest
+  int gpus() const { return tp * pp * dp; }
+  bool operator==(const Candidate&) const = default;
+};
+
+/// Efficiencies a cost model starts from before anything was measured: conservative.
+std::array<double, kOpClasses> conservative_efficiency();
+
+class CostModel {
+ public:
+  CostModel(ClusterSpec cluster, std::array<double, kOpClasses> efficiency = conservative_efficiency());
+
+  const ClusterSpec& cluster() const { return cluster_; }
+  const std::array<double, kOpClasses>& efficiency() const { return eff_; }
+  void set_efficiency(const std::array<double, kOpClasses>& e) { eff_ = e; }
+  /// Memory a GPU keeps for the framework (CUDA context, allocator slack).
+  std::uint64_t overhead_bytes() const { return overhead_; }
+  /// Usable bytes per GPU: capacity × (1 − headroom) − overhead.
+  std::uint64_t budget(double headroom = 0.1) const;
+
+  /// Work of one replica of `stage` under `c` (all replicas are alike; the step waits for
+  /// the slowest, which this is).
+  StageWork work(const ModelStage& stage, const Candidate& c, const Workload& w) const;
+  double seconds(const ModelStage& stage, const Candidate& c, const Workload& w) const {
+    return work(stage, c, w).seconds(eff_);
+  }
+  StageMemory memory(const ModelStage& stage, const Candidate& c, const Workload& w) const;
+
+ private:
+  ClusterSpec cluster_;
+  std::array<double, kOpClasses> eff_;
+  std::uint64_t overhead_;
+};
+
+}  // namespace nereus

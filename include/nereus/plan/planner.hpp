@@ -1,0 +1,80 @@
+#pragma once
+// The planner (architecture.md, "Controller"): a global plan S* for a job on a GPU pool
+// that minimises the predicted step latency under the GPU-pool and memory constraints.
+//
+// Per model-stage, a frontier of non-dominated candidates (time, GPUs, resident and
+// transient memory per GPU; TP groups inside a node). Then dynamic programming over
+// Pareto sets: the stages of a phase run side by side on disjoint GPUs (their GPUs add
+// up, at most the pool; time, memory: the largest), phases run one after another on the
+// same GPUs (times add up; resident memory adds up, since a GPU keeps one model-stage of
+// each phase; transient memory: the largest, since one stage runs at a time). A plan is
+// feasible when resident + transient + overhead fits the GPU with 10% headroom.
+#include <string>
+#include <vector>
+
+#include "nereus/core/global_plan.hpp"
+#include "nereus/plan/cost_model.hpp"
+
+namespace nereus {
+
+struct PlannerOptions {
+  double headroom = 0.1;
+  int max_pp = 8;
+  /// GPU counts a model-stage may take beyond one node are whole nodes (keeps the search
+  /// small at large pools; 0: automatic, whole nodes above 64 GPUs).
+  int granularity = 0;
+};
+
+/// One model-stage's choice and what the cost model predicts for it.
+struct PlannedStage {
+  std::string model_stage;
+  Candidate candidate;
+  double seconds = 0;
+  StageMemory memory;
+};
+
+/// The planner's answer.
+struct PlanChoice {
+  bool feasible = false;
+  std::string reason;               ///< when not feasible
+  std::vector<PlannedStage> stages; ///< job stage order
+  GlobalPlan plan;                  ///< with device lists
+  double step_seconds = 0;          ///< predicted
+  std::uint64_t peak_memory_bytes = 0;  ///< predicted, busiest GPU, overhead included
+  double decision_ms = 0;
+  std::size_t candidates = 0;       ///< evaluated
+  std::size_t frontier = 0;         ///< kept on the per-stage frontiers
+};
+
+/// Every candidate of one model-stage on a pool of `gpus` (before pruning).
+std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const ClusterSpec& cluster,
+                                        std::int64_t sequences, const PlannerOptions& options = {});
+
+/// S* for `job` on `gpus` GPUs under workload `w`.
+PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const Workload& w,
+                    const PlannerOptions& options = {});
+
+/// The same optimum by trying every combination of candidates (small cases, tests).
+PlanChoice plan_job_exhaustive(const CostModel& model, const JobSpec& job, int gpus, const Workload& w,
+                               const PlannerOptions& options = {});
+
+/// What the cost model predicts for a given plan: step latency on the execution-overlap
+/// graph, and the busiest GPU's memory (every model-stage placed on it, the largest
+/// transient, overhead).
+struct PlanEstimate {
+  double step_seconds = 0;
+  std::uint64_t peak_memory_bytes = 0;
+  bool fits = false;  ///< peak within capacity × (1 − headroom)
+  std::vector<double> stage_seconds;
+};
+PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const GlobalPlan& plan, const Workload& w,
+                           double headroom = 0.1);
+
+/// The candidate a collection spec describes (recompute as chosen for training).
+Candidate candidate_of(const CollectionSpec& spec, bool recompute = false);
+
+/// Lays out chosen candidates on GPUs 0..gpus−1: per phase, model-stages in descending TP
+/// on consecutive blocks, so TP groups stay inside a node.
+GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages, int gpus_per_node);
+
+}  // namespace nereus

@@ -1,0 +1,220 @@
+// The cost model's formulas. Per replica of a model-stage candidate (tp, pp, dp):
+//   B sequences (= step sequences / dp), P prompt tokens, R response tokens, T = P + R.
+//   generate: prefill of B·P tokens (GEMM + attention, compute-bound), then R decode steps
+//             reading the GPU's weights and the growing KV cache (memory-bound), with two
+//             TP all-reduces per layer and step and a pipeline hop per stage and step;
+//   infer:    one forward pass over B·T tokens, micro-batches of one sequence;
+//   train:    forward + backward (×3 the forward FLOPs, ×4 with recomputation), the same
+//             collectives twice, gradient all-reduce over DP, the optimizer step.
+// Compute divides over tp·pp GPUs; a pipeline of m micro-batches takes (m + pp − 1)/m of
+// the ideal time (the bubble). Collectives cost a latency plus a ring's bytes over the
+// link they cross: inside a node when the group fits in one, else the GPU's share of its
+// node's NICs, slowed by the observed link slowdown.
+#include "nereus/plan/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "nereus/core/error.hpp"
+
+namespace nereus {
+
+std::string_view to_string(OpClass c) {
+  switch (c) {
+    case OpClass::gemm: return "gemm";
+    case OpClass::attention: return "attention";
+    case OpClass::decode: return "decode";
+    case OpClass::allreduce_intra: return "allreduce_intra";
+    case OpClass::allreduce_inter: return "allreduce_inter";
+    case OpClass::p2p_intra: return "p2p_intra";
+    case OpClass::p2p_inter: return "p2p_inter";
+  }
+  return "?";
+}
+
+Workload Workload::of(const JobSpec& job, double mean, double p95) {
+  Workload w;
+  w.sequences = job.prompts_per_step * job.samples_per_prompt;
+  w.prompt_len = static_cast<double>(job.prompt_len);
+  w.response_len_mean = mean;
+  w.response_len_p95 = std::max(mean, p95);
+  return w;
+}
+
+double StageWork::seconds(const std::array<double, kOpClasses>& efficiency) const {
+  double t = 0;
+  for (std::size_t c = 0; c < kOpClasses; ++c)
+    if (ideal[c] > 0) t += ideal[c] / std::max(1e-3, efficiency[c]);
+  return t;
+}
+
+std::array<double, kOpClasses> conservative_efficiency() {
+  // Below what tuned kernels reach, so that an unmeasured class is not chosen on hope.
+  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25};
+}
+
+namespace {
+
+constexpr double kIntraLatency = 8e-6;   // seconds per collective or hop inside a node
+constexpr double kInterLatency = 20e-6;  // across nodes
+constexpr std::uint64_t kOverhead = 2ull << 30;
+
+/// What the formulas need of a model.
+struct Shape {
+  double H, I, L, nh, nkv, hd, V;
+  bool tied;
+  explicit Shape(const ModelConfig& m)
+      : H(static_cast<double>(m.hidden)), I(static_cast<double>(m.intermediate)), L(static_cast<double>(m.layers)),
+        nh(static_cast<double>(m.heads)), nkv(static_cast<double>(m.kv_heads)), hd(static_cast<double>(m.head_dim)),
+        V(static_cast<double>(m.vocab)), tied(m.tied_embeddings) {}
+  /// Weights of one layer's matrix multiplies.
+  double layer_linear() const { return H * nh * hd * 2 + 2 * H * nkv * hd + 3 * H * I; }
+  /// Matrix-multiply weights a token passes through (layers and the output projection).
+  double linear() const { return L * layer_linear() + V * H; }
+  /// KV heads a GPU of tensor rank group tp holds (replicated when tp > nkv).
+  double kv_heads(int tp) const { return std::max(1.0, nkv / tp); }
+  /// Elements one layer puts on one GPU.
+  double layer_elements(int tp) const { return (2 * H * nh * hd + 3 * H * I) / tp + 2 * H * hd * kv_heads(tp) + 2 * H; }
+  /// Elements on the busiest GPU of a unit: the most layers of a stage plus the embedding
+  /// (first stage) and output projection (last stage), both on one GPU when pp = 1.
+  double busiest_elements(int tp, int pp) const {
+    const double layers = std::ceil(L / pp);
+    const double vocab = V * H / tp;
+    return layers * layer_elements(tp) + (pp == 1 ? 2 * vocab : vocab) + H;
+  }
+  double params() const { return L * (layer_linear() + 2 * H) + V * H * (tied ? 1 : 2) + H; }
+};
+
+/// A ring all-reduce of `bytes` over n GPUs: latency plus 2(n−1)/n of the bytes.
+double allreduce(double bytes, int n, double bw, double latency) {
+  if (n <= 1) return 0;
+  return latency + 2.0 * (n - 1) / n * bytes / bw;
+}
+
+}  // namespace
+
+CostModel::CostModel(ClusterSpec cluster, std::array<double, kOpClasses> efficiency)
+    : cluster_(std::move(cluster)), eff_(efficiency), overhead_(0) {
+  if (!(cluster_.gpu_bf16_tflops > 0) || !(cluster_.hbm_gbps > 0) || !(cluster_.intra_node_gbps > 0) ||
+      !(cluster_.inter_node_gbps > 0) || cluster_.gpus_per_node < 1 || !(cluster_.gpu_memory_gib > 0))
+    throw Error("cost model: cluster '" + cluster_.name + "' lacks positive memory, peak FLOPs, HBM or link bandwidths");
+  // The framework's share of a GPU: 2 GiB, or a sixteenth of a small device.
+  const double cap = cluster_.gpu_memory_gib * 1024.0 * 1024.0 * 1024.0;
+  overhead_ = std::min<std::uint64_t>(kOverhead, static_cast<std::uint64_t>(cap / 16));
+}
+
+std::uint64_t CostModel::budget(double headroom) const {
+  const double cap = cluster_.gpu_memory_gib * 1024.0 * 1024.0 * 1024.0 * (1.0 - headroom);
+  return cap > static_cast<double>(overhead_) ? static_cast<std::uint64_t>(cap) - overhead_ : 0;
+}
+
+StageWork CostModel::work(const ModelStage& stage, const Candidate& c, const Workload& w) const {
+  const Shape m(stage.model->config());
+  const ClusterSpec& k = cluster_;
+  const double peak = k.gpu_bf16_tflops * 1e12, hbm = k.hbm_gbps * 1e9;
+  const double intra = k.intra_node_gbps * 1e9;
+  const double inter = k.inter_node_gbps * 1e9 * k.nics_per_node / k.gpus_per_node / std::max(1.0, w.link_slowdown);
+  const int unit = c.tp * c.pp;
+  const bool tp_inside = c.tp <= k.gpus_per_node;
+  const bool pp_inside = unit <= k.gpus_per_node;
+  const bool dp_inside = unit * c.dp <= k.gpus_per_node;
+  const double B = static_cast<double>(w.sequences) / c.dp;
+  const double P = w.prompt_len, R = w.response_len_mean, T = P + R;
+  const double H = m.H, act = 2.0;  // bf16 activations
+
+  StageWork out;
+  auto add = [&](OpClass cls, double s) { out.ideal[static_cast<std::size_t>(cls)] += s; };
+  auto tp_allreduce = [&](double count, double bytes) {
+    if (c.tp > 1)
+      add(tp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter,
+          count * allreduce(bytes, c.tp, tp_inside ? intra : inter, tp_inside ? kIntraLatency : kInterLatency));
+  };
+  auto pp_hops = [&](double count, double bytes) {
+    if (c.pp > 1)
+      add(pp_inside ? OpClass::p2p_intra : OpClass::p2p_inter,
+          count * (c.pp - 1) * ((pp_inside ? kIntraLatency : kInterLatency) + bytes / (pp_inside ? intra : inter)));
+  };
+  // Forward FLOPs of n sequences of t tokens; attention is causal.
+  const double gemm_flops = [&] { return 2.0 * m.linear(); }();  // per token
+  auto attention_flops = [&](double t) { return 2.0 * m.L * m.nh * m.hd * t * t; };  // per sequence
+  auto bubble = [&](double micro) { return (micro + c.pp - 1) / std::max(1.0, micro); };
+
+  switch (stage.kind) {
+    case StageKind::generate: {
+      const double micro = std::min(B, 4.0 * c.pp);
+      add(OpClass::gemm, gemm_flops * B * P / unit / peak * bubble(micro));
+      add(OpClass::attention, attention_flops(P) * B / unit / peak * bubble(micro));
+      tp_allreduce(m.L * 2, B * P * H * act);
+      pp_hops(1, B * P * H * act);
+      // Decoding: per step every GPU of a tensor group reads its weights and KV cache; a
+      // token crosses the pipeline stages one after the other.
+      const double weights = m.params() * 2.0 / c.tp;
+      const double kv_per_token = 2.0 * m.L * m.kv_heads(c.tp) * m.hd * 2.0;
+      const double bytes = R * weights + B * kv_per_token * (P * R + R * R / 2);
+      const double flops = gemm_flops * B * R / c.tp + attention_flops(T) * B / unit;
+      add(OpClass::decode, std::max(bytes / hbm, flops / peak));
+      tp_allreduce(R * m.L * 2, B * H * act);
+      pp_hops(R, B * H * act);
+      break;
+    }
+    case StageKind::infer: {
+      const double micro = B;  // one sequence per micro-batch
+      add(OpClass::gemm, gemm_flops * B * T / unit / peak * bubble(micro));
+      add(OpClass::attention, attention_flops(T) * B / unit / peak * bubble(micro));
+      tp_allreduce(m.L * 2 * B, T * H * act);
+      pp_hops(B, T * H * act);
+      break;
+    }
+    case StageKind::train: {
+      const double passes = c.recompute ? 4.0 : 3.0;
+      const double micro = B;
+      add(OpClass::gemm, passes * gemm_flops * B * T / unit / peak * bubble(micro));
+      add(OpClass::attention, passes * attention_flops(T) * B / unit / peak * bubble(micro));
+      tp_allreduce((c.recompute ? 3 : 2) * m.L * 2 * B, T * H * act);
+      pp_hops(2 * B, T * H * act);
+      const double grads = m.params() / unit * 2.0;
+      if (c.dp > 1)
+        add(dp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter,
+            allreduce(grads, c.dp, dp_inside ? intra : inter, dp_inside ? kIntraLatency : kInterLatency));
+      // Adam: read and write params, grads, master weights and both moments.
+      add(OpClass::decode, m.params() / unit * 2 * 16 / hbm);
+      break;
+    }
+  }
+  return out;
+}
+
+StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const Workload& w) const {
+  const Shape m(stage.model->config());
+  const double B = std::ceil(static_cast<double>(w.sequences) / c.dp);
+  const double T = w.prompt_len + w.response_len_p95;
+  const bool train = stage.kind == StageKind::train;
+  StageMemory out;
+  // bf16 params; training adds bf16 grads, fp32 master weights and Adam moments.
+  out.resident = static_cast<std::uint64_t>(m.busiest_elements(c.tp, c.pp) * (train ? 16.0 : 2.0));
+  const double layers = std::ceil(m.L / c.pp);
+  const double logits = T * m.V / c.tp * 4.0;
+  double transient = 0;
+  switch (stage.kind) {
+    case StageKind::generate:
+      // KV cache of every sequence of the replica at full length, plus the step's logits.
+      transient = B * T * 2.0 * layers * m.kv_heads(c.tp) * m.hd * 2.0 + B * m.V / c.tp * 4.0;
+      break;
+    case StageKind::infer:
+      transient = T * m.H * 2.0 * 12.0 + logits;
+      break;
+    case StageKind::train: {
+      // 1F1B keeps up to pp micro-batches of activations on the first stage; flash
+      // attention stores no T² scores (34 bytes per token and hidden unit per layer).
+      const double inflight = std::min(static_cast<double>(c.pp), B);
+      const double per_layer = 34.0 * T * m.H / c.tp;
+      transient = c.recompute ? (2.0 * T * m.H * layers * inflight + per_layer) : per_layer * layers * inflight;
+      transient += 2.0 * logits;
+      break;
+    }
+  }
+  out.transient = static_cast<std::uint64_t>(transient);
+  return out;
+}
+
+}  // namespace nereus

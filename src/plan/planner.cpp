@@ -1,0 +1,381 @@
+#include "nereus/plan/planner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "nereus/core/error.hpp"
+#include "nereus/plan/overlap.hpp"
+
+namespace nereus {
+
+namespace {
+
+/// A point of a Pareto set: time, resident and transient bytes per GPU, GPUs; `a`, `b`
+/// point back to what it was merged from.
+struct Point {
+  double t;
+  double r;
+  double x;
+  int g;
+  int a = -1;
+  int b = -1;
+};
+
+/// Non-dominated points (by time, then memory and, when `by_gpus`, GPU count).
+std::vector<Point> pareto(std::vector<Point> v, bool by_gpus) {
+  std::sort(v.begin(), v.end(), [](const Point& p, const Point& q) {
+    return std::tie(p.t, p.r, p.x, p.g) < std::tie(q.t, q.r, q.x, q.g);
+  });
+  std::vector<Point> kept;
+  for (const Point& p : v) {
+    const bool dominated = std::any_of(kept.begin(), kept.end(), [&](const Point& k) {
+      return k.r <= p.r && k.x <= p.x && (!by_gpus || k.g <= p.g);
+    });
+    if (!dominated) kept.push_back(p);
+  }
+  return kept;
+}
+
+std::vector<int> valid_tps(const ModelConfig& m, int limit) {
+  std::vector<int> out;
+  for (int t = 1; t <= limit; ++t)
+    if (m.heads % t == 0 && (m.kv_heads % t == 0 || t % m.kv_heads == 0)) out.push_back(t);
+  return out;
+}
+
+int granularity_of(const PlannerOptions& o, int gpus, int gpus_per_node) {
+  if (o.granularity > 0) return o.granularity;
+  return gpus > 64 ? gpus_per_node : 1;
+}
+
+/// A stage's candidates evaluated, keeping those that fit a GPU on their own.
+struct Evaluated {
+  std::vector<Candidate> candidates;
+  std::vector<Point> points;  ///< parallel to candidates; a = candidate index
+};
+
+Evaluated evaluate(const CostModel& model, const ModelStage& stage, int gpus, const Workload& w,
+                   const PlannerOptions& o, double budget) {
+  Evaluated e;
+  for (const Candidate& c : stage_candidates(stage, gpus, model.cluster(), w.sequences, o)) {
+    const StageMemory m = model.memory(stage, c, w);
+    if (static_cast<double>(m.resident + m.transient) > budget) continue;
+    e.points.push_back({model.seconds(stage, c, w), static_cast<double>(m.resident), static_cast<double>(m.transient),
+                        c.gpus(), static_cast<int>(e.candidates.size())});
+    e.candidates.push_back(c);
+  }
+  return e;
+}
+
+}  // namespace
+
+std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const ClusterSpec& cluster,
+                                        std::int64_t sequences, const PlannerOptions& o) {
+  const ModelConfig& m = stage.model->config();
+  const int gpn = cluster.gpus_per_node;
+  const int grain = granularity_of(o, gpus, gpn);
+  std::vector<Candidate> out;
+  for (int tp : valid_tps(m, std::min(gpn, gpus)))
+    for (int pp = 1; pp <= std::min<std::int64_t>(o.max_pp, m.layers); pp *= 2)
+      for (int dp = 1; tp * pp * dp <= gpus; ++dp) {
+        if (sequences % dp != 0) continue;
+        const int g = tp * pp * dp;
+        if (g > gpn && g % grain != 0) continue;
+        for (bool re : {false, true}) {
+          if (re && stage.kind != StageKind::train) continue;
+          out.push_back({tp, pp, dp, re});
+        }
+      }
+  return out;
+}
+
+Candidate candidate_of(const CollectionSpec& spec, bool recompute) {
+  return {spec.layout.tp, spec.layout.pp, spec.dp, recompute};
+}
+
+GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages, int gpus_per_node) {
+  (void)gpus_per_node;
+  std::map<std::string, CollectionSpec> specs;
+  for (const auto& phase : job.phases()) {
+    std::vector<const PlannedStage*> in;
+    for (const ModelStage& s : phase)
+      for (const PlannedStage& p : stages)
+        if (p.model_stage == s.name()) in.push_back(&p);
+    std::stable_sort(in.begin(), in.end(), [](const PlannedStage* a, const PlannedStage* b) {
+      return a->candidate.tp * a->candidate.pp > b->candidate.tp * b->candidate.pp;
+    });
+    int offset = 0;
+    for (const PlannedStage* p : in) {
+      CollectionSpec spec;
+      spec.layout.tp = p->candidate.tp;
+      spec.layout.pp = p->candidate.pp;
+      spec.dp = p->candidate.dp;
+      for (int k = 0; k < p->candidate.gpus(); ++k) spec.devices.push_back(offset + k);
+      offset += p->candidate.gpus();
+      specs[p->model_stage] = spec;
+    }
+  }
+  GlobalPlan plan;
+  for (const ModelStage& s : model_stages(job)) plan.stages.emplace_back(s.name(), specs.at(s.name()));
+  return plan;
+}
+
+PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const Workload& w, const PlannerOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (gpus < 1) throw Error("plan: the pool has no GPUs");
+  PlanChoice out;
+  const double budget = static_cast<double>(model.budget(o.headroom));
+  const auto phases = job.phases();
+  // Per stage: evaluated candidates and their frontier.
+  std::vector<std::vector<Evaluated>> evals(phases.size());
+  std::vector<std::vector<std::vector<Point>>> fronts(phases.size());
+  for (std::size_t p = 0; p < phases.size(); ++p)
+    for (const ModelStage& s : phases[p]) {
+      evals[p].push_back(evaluate(model, s, gpus, w, o, budget));
+      out.candidates += evals[p].back().candidates.size();
+      fronts[p].push_back(pareto(evals[p].back().points, true));
+      out.frontier += fronts[p].back().size();
+      if (fronts[p].back().empty()) {
+        out.reason = "no layout of " + s.name() + " fits " + std::to_string(gpus) + " GPUs of " +
+                     std::to_string(model.cluster().gpu_memory_gib) + " GiB at this sequence length";
+        out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        return out;
+      }
+    }
+  // Fast path: each phase as fast as its stages can go side by side on the pool, ignoring
+  // what the other phases hold; when that combination fits every GPU it is the optimum.
+  {
+    std::vector<std::pair<std::size_t, std::size_t>> pick;  // per stage (phase order): front index
+    double total = 0, resident = 0, transient = 0;
+    bool ok = true;
+    for (std::size_t p = 0; p < phases.size() && ok; ++p) {
+      // The smallest phase time τ at which the stages' fewest GPUs reaching τ fit the pool.
+      std::vector<double> times;
+      for (const auto& f : fronts[p])
+        for (const Point& q : f) times.push_back(q.t);
+      std::sort(times.begin(), times.end());
+      times.erase(std::unique(times.begin(), times.end()), times.end());
+      auto choose = [&](double tau, std::vector<std::size_t>* out_pick) {
+        int g = 0;
+        for (const auto& f : fronts[p]) {
+          std::size_t best = f.size();
+          for (std::size_t i = 0; i < f.size(); ++i)
+            if (f[i].t <= tau && (best == f.size() || std::tie(f[i].g, f[i].r, f[i].x) < std::tie(f[best].g, f[best].r, f[best].x)))
+              best = i;
+          if (best == f.size()) return false;
+          g += f[best].g;
+          if (out_pick) out_pick->push_back(best);
+        }
+        return g <= gpus;
+      };
+      std::size_t lo = 0, hi = times.size();
+      while (lo < hi) {
+        const std::size_t mid = (lo + hi) / 2;
+        if (choose(times[mid], nullptr)) hi = mid;
+        else lo = mid + 1;
+      }
+      if (lo == times.size()) {
+        ok = false;
+        break;
+      }
+      std::vector<std::size_t> chosen_idx;
+      choose(times[lo], &chosen_idx);
+      double pr = 0;
+      for (std::size_t k = 0; k < chosen_idx.size(); ++k) {
+        const Point& q = fronts[p][k][chosen_idx[k]];
+        pr = std::max(pr, q.r);
+        transient = std::max(transient, q.x);
+        pick.emplace_back(p, chosen_idx[k]);
+      }
+      resident += pr;
+      total += times[lo];
+    }
+    if (ok && resident + transient <= budget) {
+      std::size_t at = 0;
+      for (std::size_t p = 0; p < phases.size(); ++p)
+        for (std::size_t k = 0; k < phases[p].size(); ++k, ++at) {
+          const Point& f = fronts[p][k][pick[at].second];
+          const Candidate& cand = evals[p][k].candidates[static_cast<std::size_t>(f.a)];
+          out.stages.push_back({phases[p][k].name(), cand, f.t, model.memory(phases[p][k], cand, w)});
+        }
+      std::vector<PlannedStage> ordered;
+      for (const ModelStage& s : model_stages(job))
+        for (const PlannedStage& c : out.stages)
+          if (c.model_stage == s.name()) ordered.push_back(c);
+      out.stages = std::move(ordered);
+      out.feasible = true;
+      out.step_seconds = total;
+      out.peak_memory_bytes = static_cast<std::uint64_t>(resident + transient) + model.overhead_bytes();
+      out.plan = place(job, out.stages, model.cluster().gpus_per_node);
+      out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return out;
+    }
+  }
+
+  // Within a phase: stages side by side. levels[p][k] = Pareto set after k+1 stages.
+  std::vector<std::vector<std::vector<Point>>> levels(phases.size());
+  std::vector<std::vector<Point>> phase_sets(phases.size());
+  for (std::size_t p = 0; p < phases.size(); ++p) {
+    std::vector<Point> cur = fronts[p][0];
+    for (std::size_t i = 0; i < cur.size(); ++i) cur[i].b = static_cast<int>(i), cur[i].a = -1;
+    levels[p].push_back(cur);
+    for (std::size_t k = 1; k < fronts[p].size(); ++k) {
+      std::vector<Point> next;
+      const auto& prev = levels[p].back();
+      for (std::size_t i = 0; i < prev.size(); ++i)
+        for (std::size_t j = 0; j < fronts[p][k].size(); ++j) {
+          const Point& u = prev[i];
+          const Point& v = fronts[p][k][j];
+          if (u.g + v.g > gpus || std::max(u.r, v.r) + std::max(u.x, v.x) > budget) continue;
+          next.push_back({std::max(u.t, v.t), std::max(u.r, v.r), std::max(u.x, v.x), u.g + v.g, static_cast<int>(i),
+                          static_cast<int>(j)});
+        }
+      levels[p].push_back(pareto(std::move(next), true));
+    }
+    std::vector<Point> ph = levels[p].back();
+    for (std::size_t i = 0; i < ph.size(); ++i) ph[i].a = static_cast<int>(i), ph[i].g = 0;
+    phase_sets[p] = pareto(std::move(ph), false);
+  }
+  // Across phases: one after another on the same GPUs.
+  std::vector<std::vector<Point>> chain{phase_sets[0]};
+  for (std::size_t i = 0; i < chain[0].size(); ++i) chain[0][i].b = static_cast<int>(i), chain[0][i].a = -1;
+  for (std::size_t p = 1; p < phases.size(); ++p) {
+    std::vector<Point> next;
+    for (std::size_t i = 0; i < chain.back().size(); ++i)
+      for (std::size_t j = 0; j < phase_sets[p].size(); ++j) {
+        const Point& u = chain.back()[i];
+        const Point& v = phase_sets[p][j];
+        const double r = u.r + v.r, x = std::max(u.x, v.x);
+        if (r + x > budget) continue;
+        next.push_back({u.t + v.t, r, x, 0, static_cast<int>(i), static_cast<int>(j)});
+      }
+    chain.push_back(pareto(std::move(next), false));
+  }
+  if (chain.back().empty()) {
+    out.reason = "the model-stages fit one by one but not together on " + std::to_string(gpus) + " GPUs";
+    out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+  // The fastest; back to each stage's candidate.
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < chain.back().size(); ++i)
+    if (chain.back()[i].t < chain.back()[best].t) best = i;
+  std::vector<PlannedStage> chosen;
+  int at = static_cast<int>(best);
+  for (std::size_t p = phases.size(); p-- > 0;) {
+    const Point& c = chain[p][static_cast<std::size_t>(at)];
+    const int in_phase = phase_sets[p][static_cast<std::size_t>(c.b)].a;
+    at = c.a;
+    int idx = in_phase;
+    for (std::size_t k = levels[p].size(); k-- > 0;) {
+      const Point& lv = levels[p][k][static_cast<std::size_t>(idx)];
+      const Point& f = fronts[p][k][static_cast<std::size_t>(lv.b)];
+      const Evaluated& e = evals[p][k];
+      const Candidate& cand = e.candidates[static_cast<std::size_t>(f.a)];
+      const ModelStage& st = phases[p][k];
+      chosen.push_back({st.name(), cand, f.t, model.memory(st, cand, w)});
+      idx = lv.a;
+    }
+  }
+  std::vector<PlannedStage> ordered;
+  for (const ModelStage& s : model_stages(job))
+    for (const PlannedStage& c : chosen)
+      if (c.model_stage == s.name()) ordered.push_back(c);
+  out.feasible = true;
+  out.stages = std::move(ordered);
+  out.step_seconds = chain.back()[best].t;
+  out.peak_memory_bytes =
+      static_cast<std::uint64_t>(chain.back()[best].r + chain.back()[best].x) + model.overhead_bytes();
+  out.plan = place(job, out.stages, model.cluster().gpus_per_node);
+  out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+PlanChoice plan_job_exhaustive(const CostModel& model, const JobSpec& job, int gpus, const Workload& w,
+                               const PlannerOptions& o) {
+  const double budget = static_cast<double>(model.budget(o.headroom));
+  const auto phases = job.phases();
+  std::vector<std::vector<Evaluated>> evals(phases.size());
+  for (std::size_t p = 0; p < phases.size(); ++p)
+    for (const ModelStage& s : phases[p]) evals[p].push_back(evaluate(model, s, gpus, w, o, budget));
+  // Every combination, phase by phase, with the same rules as plan_job.
+  std::vector<std::size_t> pick;
+  std::vector<std::size_t> best_pick;
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<std::pair<std::size_t, std::size_t>> order;  // (phase, stage)
+  for (std::size_t p = 0; p < phases.size(); ++p)
+    for (std::size_t k = 0; k < phases[p].size(); ++k) order.emplace_back(p, k);
+  std::function<void(std::size_t)> go = [&](std::size_t i) {
+    if (i == order.size()) {
+      double t = 0, r = 0, x = 0;
+      for (std::size_t p = 0, at = 0; p < phases.size(); ++p) {
+        double pt = 0, pr = 0;
+        int g = 0;
+        for (std::size_t k = 0; k < phases[p].size(); ++k, ++at) {
+          const Point& q = evals[p][k].points[pick[at]];
+          pt = std::max(pt, q.t), pr = std::max(pr, q.r), x = std::max(x, q.x), g += q.g;
+        }
+        if (g > gpus) return;
+        t += pt, r += pr;
+      }
+      if (r + x <= budget && t < best) best = t, best_pick = pick;
+      return;
+    }
+    const auto [p, k] = order[i];
+    for (std::size_t c = 0; c < evals[p][k].points.size(); ++c) {
+      pick.push_back(c);
+      go(i + 1);
+      pick.pop_back();
+    }
+  };
+  go(0);
+  PlanChoice out;
+  if (best_pick.empty()) {
+    out.reason = "no combination fits";
+    return out;
+  }
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const auto [p, k] = order[i];
+    const Candidate& c = evals[p][k].candidates[best_pick[i]];
+    out.stages.push_back({phases[p][k].name(), c, evals[p][k].points[best_pick[i]].t, model.memory(phases[p][k], c, w)});
+  }
+  out.feasible = true;
+  out.step_seconds = best;
+  return out;
+}
+
+PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const GlobalPlan& plan, const Workload& w,
+                           double headroom) {
+  const OverlapGraph og = overlap_graph(job, plan);
+  PlanEstimate best;
+  // Training stages without recomputation first; with it if that does not fit.
+  for (bool re : {false, true}) {
+    PlanEstimate e;
+    std::map<DeviceId, std::uint64_t> resident, transient;
+    for (const ModelStage& s : og.stages) {
+      const CollectionSpec* spec = plan.find(s.name());
+      if (!spec) throw Error("estimate: the plan has no layout for '" + s.name() + "'");
+      const Candidate c = candidate_of(*spec, re && s.kind == StageKind::train);
+      e.stage_seconds.push_back(model.seconds(s, c, w));
+      const StageMemory m = model.memory(s, c, w);
+      for (DeviceId d : spec->devices) {
+        resident[d] += m.resident;
+        transient[d] = std::max(transient[d], m.transient);
+      }
+    }
+    e.step_seconds = og.step_seconds(e.stage_seconds);
+    for (const auto& [d, r] : resident) e.peak_memory_bytes = std::max(e.peak_memory_bytes, r + transient[d]);
+    e.peak_memory_bytes += model.overhead_bytes();
+    e.fits = e.peak_memory_bytes <= model.budget(headroom) + model.overhead_bytes();
+    if (!re || !best.fits) best = e;
+    if (best.fits) break;
+  }
+  return best;
+}
+
+}  // namespace nereus
