@@ -209,6 +209,7 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
           if (c.model_stage == s.name()) ordered.push_back(c);
       out.stages = std::move(ordered);
       out.feasible = true;
+      out.fast_path = true;
       out.step_seconds = total;
       out.peak_memory_bytes = static_cast<std::uint64_t>(resident + transient) + model.overhead_bytes();
       out.plan = place(job, out.stages, model.cluster().gpus_per_node);

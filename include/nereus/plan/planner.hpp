@@ -44,6 +44,7 @@ struct PlanChoice {
   double decision_ms = 0;
   std::size_t candidates = 0;       ///< evaluated
   std::size_t frontier = 0;         ///< kept on the per-stage frontiers
+  bool fast_path = false;           ///< each phase at its fastest fitted together
 };
 
 /// Every candidate of one model-stage on a pool of `gpus` (before pruning).

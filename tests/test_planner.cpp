@@ -1,0 +1,122 @@
+// The cost model and the planner: the planner's optimum equals an exhaustive search on
+// every case small enough to enumerate (tight memory, so both paths of the planner run),
+// its plans fit by the per-GPU estimate, and the cost model behaves as physics says.
+#include <doctest/doctest.h>
+
+#include <random>
+
+#include "job_cases.hpp"
+#include "nereus/plan/planner.hpp"
+#include "test_util.hpp"
+
+using namespace nereus;
+using testing::error_of;
+using testing::has;
+
+namespace {
+
+ClusterSpec small_cluster(double memory_gib, int gpus_per_node) {
+  ClusterSpec c;
+  c.name = "test";
+  c.nodes = 4;
+  c.gpus_per_node = gpus_per_node;
+  c.gpu_memory_gib = memory_gib;
+  c.gpu_bf16_tflops = 100;
+  c.hbm_gbps = 1000;
+  c.intra_node_gbps = 100;
+  c.inter_node_gbps = 10;
+  c.nics_per_node = 1;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("planner: equal to exhaustive search on small cases, memory binding or not") {
+  JobSpec ppo = testcase::tiny_ppo_job();
+  JobSpec grpo = ppo;
+  grpo.algorithm = Algorithm::grpo;
+  grpo.models.erase(grpo.models.begin() + 1);  // no critic
+  std::mt19937_64 rng(7);
+  int cases = 0, feasible = 0, slow = 0;
+  for (int k = 0; k < 300; ++k) {
+    const JobSpec& job = k % 3 == 0 ? ppo : grpo;
+    const int gpus = std::uniform_int_distribution<int>(2, k % 3 == 0 ? 3 : 4)(rng);
+    const double mem = std::uniform_real_distribution<double>(0.003, 0.02)(rng);
+    const CostModel model(small_cluster(mem, std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4));
+    const double len = std::uniform_real_distribution<double>(16, 400)(rng);
+    const Workload w = Workload::of(job, len, len * 1.3);
+    const PlanChoice fast = plan_job(model, job, gpus, w);
+    const PlanChoice all = plan_job_exhaustive(model, job, gpus, w);
+    CAPTURE(k);
+    ++cases;
+    REQUIRE(fast.feasible == all.feasible);
+    if (!fast.feasible) continue;
+    ++feasible;
+    CHECK(fast.step_seconds == doctest::Approx(all.step_seconds).epsilon(1e-9));
+    // The chosen plan is what it claims: its estimate agrees and it fits.
+    const PlanEstimate e = estimate_plan(model, job, fast.plan, w);
+    CHECK(e.step_seconds == doctest::Approx(fast.step_seconds).epsilon(1e-9));
+    CHECK(e.peak_memory_bytes <= fast.peak_memory_bytes + 1);
+    CHECK(e.fits);
+    slow += !fast.fast_path;
+  }
+  MESSAGE(cases << " cases, " << feasible << " feasible, " << slow << " through the Pareto search");
+  CHECK(slow > 5);
+  CHECK(feasible > 60);
+  CHECK(feasible < cases);  // some too tight for any plan
+}
+
+TEST_CASE("cost model: more GPUs, longer responses, slower links") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const CostModel model(load_cluster("paper-cluster-3-h200"));
+  const auto stages = model_stages(job);
+  const ModelStage& gen = stages[0];
+  const ModelStage& train = stages[5];
+  REQUIRE(gen.kind == StageKind::generate);
+  REQUIRE(train.kind == StageKind::train);
+  const Workload short_w = Workload::of(job, 500, 600), long_w = Workload::of(job, 8000, 9000);
+  // DP halves the per-replica batch (inside a node); across cluster-3's one NIC per
+  // node the gradient all-reduce can cost more than it saves.
+  CHECK(model.seconds(train, {2, 1, 4}, short_w) < model.seconds(train, {2, 1, 2}, short_w));
+  // Longer responses cost more time and KV cache.
+  CHECK(model.seconds(gen, {2, 1, 4}, long_w) > 4 * model.seconds(gen, {2, 1, 4}, short_w));
+  CHECK(model.memory(gen, {2, 1, 4}, long_w).transient > 8 * model.memory(gen, {2, 1, 4}, short_w).transient);
+  // Recomputation trades time for memory.
+  CHECK(model.seconds(train, {2, 1, 4, true}, long_w) > model.seconds(train, {2, 1, 4, false}, long_w));
+  CHECK(model.memory(train, {2, 1, 4, true}, long_w).transient < model.memory(train, {2, 1, 4, false}, long_w).transient);
+  // Training state: 16 bytes a parameter, split over tp·pp.
+  CHECK(model.memory(train, {1, 1, 1}, short_w).resident > 16.0 * 8e9);
+  CHECK(model.memory(train, {4, 2, 1}, short_w).resident < model.memory(train, {1, 1, 1}, short_w).resident / 6);
+  // A slower inter-node link slows a DP all-reduce across nodes.
+  Workload slow_w = short_w;
+  slow_w.link_slowdown = 4;
+  CHECK(model.seconds(train, {8, 1, 8}, slow_w) > model.seconds(train, {8, 1, 8}, short_w));
+  // Bad clusters are refused.
+  ClusterSpec bad = load_cluster("h200-node");
+  bad.hbm_gbps = 0;
+  CHECK(has(error_of([&] { CostModel m(bad); }), "lacks positive"));
+}
+
+TEST_CASE("planner: plans grow with the pool and adapt to long responses") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const CostModel model(load_cluster("paper-cluster-3-h200"));
+  const Workload w = Workload::of(job, 2000, 2400);
+  double prev = 1e30;
+  for (int g : {8, 16, 32, 64}) {
+    const PlanChoice c = plan_job(model, job, g, w);
+    REQUIRE(c.feasible);
+    CHECK(c.step_seconds < prev);
+    prev = c.step_seconds;
+    CHECK(c.peak_memory_bytes <= model.budget() + model.overhead_bytes());
+    // Each phase fits the pool; TP groups never leave a node.
+    for (const auto& [name, spec] : c.plan.stages) {
+      CHECK(spec.layout.tp <= 8);
+      CHECK(spec.devices.back() < g);
+      for (std::size_t i = 0; i < spec.devices.size(); i += static_cast<std::size_t>(spec.layout.tp))
+        CHECK(spec.devices[i] / 8 == spec.devices[i + static_cast<std::size_t>(spec.layout.tp) - 1] / 8);
+    }
+  }
+  // At 8 GPUs and very long responses something must give: the plan still fits.
+  const PlanChoice tight = plan_job(model, job, 8, Workload::of(job, 12000, 16000));
+  if (tight.feasible) CHECK(estimate_plan(model, job, tight.plan, Workload::of(job, 12000, 16000)).fits);
+}
