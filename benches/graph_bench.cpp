@@ -64,23 +64,25 @@ int main(int argc, char** argv) {
   const Result big = measure(job, ppo_plan(512, 4, 4, 8, 1), ppo_plan(1024, 2, 2, 4, 2), repeat);
   const Result small = measure(job, ppo_plan(16, 4, 4, 8, 1), ppo_plan(32, 2, 2, 4, 2), repeat);
   // Tight memory: 50 GiB per GPU needs release-before-acquire edges; at 40 GiB no order
-  // fits and the report says why (after the bounded search).
+  // of the lower-bound graph fits (the bounded search gives up) and the memory-first graph
+  // is built instead.
   const Result tight = measure(job, ppo_plan(512, 4, 4, 8, 1), ppo_plan(1024, 2, 2, 4, 2), repeat, 50ull << 30);
   const Result none = measure(job, ppo_plan(512, 4, 4, 8, 1), ppo_plan(1024, 2, 2, 4, 2), std::max(1, repeat / 4),
                               40ull << 30);
   if (json) {
     fmt::print("{{\"repeat\":{},\"gpus_1024_ms\":{:.3f},\"gpus_1024_nodes\":{},\"gpus_1024_moved_bytes\":{},"
                "\"gpus_1024_feasible\":{},\"gpus_32_ms\":{:.3f},\"gpus_1024_tight_ms\":{:.3f},"
-               "\"gpus_1024_tight_resource_edges\":{},\"gpus_1024_infeasible_ms\":{:.3f}}}\n",
+               "\"gpus_1024_tight_resource_edges\":{},\"gpus_1024_memory_first_ms\":{:.3f},\"gpus_1024_memory_first_moved_bytes\":{}}}\n",
                repeat, big.median_ms, big.summary.builds + big.summary.destroys, big.summary.moved_bytes, big.feasible,
-               small.median_ms, tight.median_ms, tight.summary.resource_edges, none.median_ms);
+               small.median_ms, tight.median_ms, tight.summary.resource_edges, none.median_ms, none.summary.moved_bytes);
   } else {
     fmt::print("PPO llama-3.1-8b x4, 7 model-stages, new layouts everywhere; median of {}\n", repeat);
     fmt::print("  512 -> 1,024 GPUs   {:8.3f} ms   {} nodes, {:.1f} TB moved, L_tran {:.2f} s\n", big.median_ms,
                big.summary.builds + big.summary.destroys, big.summary.moved_bytes / 1e12, big.summary.l_tran_seconds);
     fmt::print("  16 -> 32 GPUs       {:8.3f} ms   {} nodes\n", small.median_ms, small.summary.builds + small.summary.destroys);
     fmt::print("  1,024, 50 GiB/GPU   {:8.3f} ms   {} resource edges\n", tight.median_ms, tight.summary.resource_edges);
-    fmt::print("  1,024, 40 GiB/GPU   {:8.3f} ms   infeasible, reported\n", none.median_ms);
+    fmt::print("  1,024, 40 GiB/GPU   {:8.3f} ms   memory-first: {:.1f} TB moved\n", none.median_ms,
+               none.summary.moved_bytes / 1e12);
   }
-  return big.feasible && small.feasible && tight.feasible && !none.feasible ? 0 : 1;
+  return big.feasible && small.feasible && tight.feasible && none.feasible && none.summary.memory_first ? 0 : 1;
 }

@@ -166,4 +166,37 @@ check(j.get("verified") is True and "exposed_ratio" in j and j.get("cap_violatio
 rc, _, err = run("bench", "coordination", "--type", "xx")
 check(rc != 0 and "--type" in err, "an unknown coordination type is refused")
 
+# Controller front ends: search and simulate (short runs; the figures are in docs/controller.md).
+rc, out, err = run("search", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--gpus", "32",
+                   "--response-len", "2000", "--json")
+j = json.loads(out) if rc == 0 and out else {}
+for key in ["plan", "predicted_step_seconds", "peak_memory_bytes", "decision_ms"]:
+    check(key in j, f"search JSON has {key} ({err.strip()})")
+check(all({"tp", "pp", "dp", "devices"} <= set(v) for v in j.get("plan", {}).values()) and len(j.get("plan", {})) == 7,
+      "search names tp, pp, dp, devices for every model-stage")
+expect_error(["search", "--cluster", "paper-cluster-3-h200", "--job", "ppo-tiny", "--gpus", "4096", "--response-len", "100"],
+             "more than the cluster's 64")
+with tempfile.TemporaryDirectory() as d:
+    trace = os.path.join(d, "t.jsonl")
+    with open(trace, "w") as f:
+        for k in range(40):
+            gpus = 32 if k < 20 else 16
+            f.write(json.dumps({"step": k, "gpus": gpus, "response_len_mean": 500 + 60 * k, "response_len_p95": 600 + 70 * k}) + "\n")
+    tl, svg = os.path.join(d, "tl.jsonl"), os.path.join(d, "p.svg")
+    for policy in ["nereus", "static", "greedy", "every:3"]:
+        rc, out, err = run("simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--trace", trace,
+                           "--policy", policy, "--json", "--timeline", tl, "--plot", svg)
+        j = json.loads(out) if rc == 0 and out else {}
+        for key in ["steps", "mean_step_seconds", "total_seconds", "transition_seconds", "transitions",
+                    "exposed_transition_seconds", "oom_steps"]:
+            check(key in j, f"simulate {policy} JSON has {key} ({err.strip()})")
+        check(j.get("steps") == 40 and j.get("transitions", 0) >= 1, f"simulate {policy}: 40 steps, the pool change handled")
+    check(len(open(tl).read().splitlines()) == 40, "one timeline line per step")
+    check(open(svg).read().startswith("<svg"), "the plot is an SVG")
+    with open(trace, "w") as f:
+        f.write('{"step": 0, "gpus": 8, "response_len_mean": 100}\n{"step": 1, "gpus": "many", "response_len_mean": 100}\n')
+    expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace], "line 2: field 'gpus'")
+    expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace, "--policy", "every:x"],
+                 "every:x")
+
 finish("cli")

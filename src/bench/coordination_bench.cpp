@@ -129,11 +129,19 @@ Trial draw_trial(const JobSpec& job, const CoordinationConfig& c, PlanDraw& draw
     req.from = plan_collections(job, t.from);
     req.to = plan_collections(job, t.to);
     req.links.gpus_per_node = c.devices;
+    // Feasible with the lower-bound graph whichever generation stages turn out stale (that
+    // depends on where in the step the transition begins).
+    std::vector<bool> stale;
+    for (const ModelStage& st : model_stages(job))
+      stale.push_back(st.kind != StageKind::train && (st.role == "actor" || st.role == "critic"));
     auto feasible = [&](std::uint64_t cap, const std::vector<Collection>& from, const std::vector<Collection>& to) {
       TransitionRequest r = req;
       r.from = from;
       r.to = to;
       r.memory.capacity = cap;
+      r.allow_memory_first = false;
+      if (!compile_transition(r).feasibility.ok) return false;
+      r.stale = stale;
       return compile_transition(r).feasibility.ok;
     };
     // The smallest capacity that admits it, to 0.5%: between what the busier plan needs

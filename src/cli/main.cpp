@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   nereus::cli::add_model_command(app);
   nereus::cli::add_presets_command(app);
   nereus::cli::add_search_command(app);
+  nereus::cli::add_simulate_command(app);
   nereus::cli::add_bench_command(app, args);
   try {
     app.parse(argc, argv);

@@ -36,6 +36,7 @@ nlohmann::json transition_json(const TransitionGraph& g, bool nodes) {
       {"critical_path_seconds", s.critical_path_seconds},
       {"link_bound_seconds", s.link_bound_seconds},
       {"plan_ms", s.plan_ms},
+      {"memory_first", s.memory_first},
       {"builds", s.builds},
       {"destroys", s.destroys},
       {"kept_units", s.kept_units},
@@ -150,8 +151,9 @@ void run_job_plan(const JobPlanArgs& a) {
                                req.memory.capacity ? human_bytes(g.feasibility.budget) : std::string("unlimited"));
     else
       std::cout << fmt::format("feasible     NO: {}\n", g.feasibility.reason);
-    std::cout << fmt::format("moved        {} over links, {} local, {} built\n", human_bytes(s.moved_bytes),
-                             human_bytes(s.local_bytes), human_bytes(s.target_bytes));
+    std::cout << fmt::format("moved        {} over links, {} local, {} built{}\n", human_bytes(s.moved_bytes),
+                             human_bytes(s.local_bytes), human_bytes(s.target_bytes),
+                             s.memory_first ? " (memory first: whole replicas from other GPUs, so old units can go first)" : "");
     std::cout << fmt::format("graph        {} builds, {} destroys, {} units kept; edges: {} data, {} commit, {} resource\n",
                              s.builds, s.destroys, s.kept_units, s.data_edges, s.commit_edges, s.resource_edges);
     std::cout << fmt::format("L_tran       {:.4f} s (critical path {:.4f} s, busiest device {:.4f} s); planned in {:.2f} ms\n\n",

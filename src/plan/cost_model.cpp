@@ -213,7 +213,8 @@ StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const
       break;
     }
   }
-  out.transient = static_cast<std::uint64_t>(transient);
+  out.transient = static_cast<std::uint64_t>(transient * memory_scale_);
+  out.resident = static_cast<std::uint64_t>(static_cast<double>(out.resident) * memory_scale_);
   return out;
 }
 

@@ -3,6 +3,7 @@
 // (transition_graph.cpp) and the memory schedule and cost (transition_schedule.cpp).
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <span>
 
@@ -90,6 +91,8 @@ class TransitionCompiler {
   }
   int node_of(DeviceId d) const { return static_cast<int>(d / std::max(1, req_.links.gpus_per_node)); }
   double link_gbps(DeviceId a, DeviceId b) const;
+  /// Memory-first: a replica on none of the new unit's GPUs to build it from.
+  std::optional<UnitRef> far_donor(std::size_t stage, std::uint32_t unit);
   /// Bytes a unit of `layout` in stage i holds at each position (index s·tp + r).
   const std::vector<std::uint64_t>& footprint(std::size_t stage, const Layout& layout);
   /// Records the memory a new node's unit occupies on each of its GPUs (plus `extra`

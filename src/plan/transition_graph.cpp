@@ -208,6 +208,44 @@ class DonorPicker {
 
 }  // namespace
 
+std::optional<UnitRef> TransitionCompiler::far_donor(std::size_t i, std::uint32_t u) {
+  const Emu& e = g_.to[i].units[u];
+  auto overlaps = [&](const Emu& x) {
+    return std::any_of(x.gpus.begin(), x.gpus.end(), [&](DeviceId d) { return stamp_[static_cast<std::size_t>(d)] == stamp_now_; });
+  };
+  ++stamp_now_;
+  for (DeviceId d : e.gpus) stamp_[static_cast<std::size_t>(d)] = stamp_now_;
+  // The new unit of stage i that first needs each GPU (units of a stage are disjoint).
+  std::map<DeviceId, std::uint32_t> need;
+  for (std::uint32_t k = 0; k < g_.to[i].units.size(); ++k)
+    if (g_.kept[i][k] < 0)
+      for (DeviceId d : g_.to[i].units[k].gpus) need[d] = k;
+  // Best: an old replica on GPUs no later new unit needs; then one whose GPUs are needed
+  // soonest after this unit (it is freed right after it is read). Never one whose GPUs an
+  // earlier new unit needed: that one had to go first.
+  std::optional<UnitRef> best;
+  long best_score = 0;
+  for (std::size_t k = 0; k < n_; ++k) {
+    if (!eligible(k, i)) continue;
+    for (std::uint32_t j = 0; j < g_.from[k].units.size(); ++j) {
+      const Emu& o = g_.from[k].units[j];
+      if (overlaps(o)) continue;
+      long first = -1;
+      for (DeviceId d : o.gpus)
+        if (auto it = need.find(d); it != need.end() && k == i) first = first < 0 ? it->second : std::min<long>(first, it->second);
+      if (first >= 0 && first < static_cast<long>(u)) continue;
+      const long score = first < 0 ? -1 : first;
+      if (!best || score < best_score) best = UnitRef{static_cast<std::uint16_t>(k), false, j}, best_score = score;
+    }
+  }
+  if (best) return best;
+  // A new unit of this stage built before, on other GPUs.
+  for (std::uint32_t k = 0; k < u; ++k)
+    if (g_.kept[i][k] < 0 && build_of_[i][k] >= 0 && !overlaps(g_.to[i].units[k]))
+      return UnitRef{static_cast<std::uint16_t>(i), true, k};
+  return std::nullopt;
+}
+
 void TransitionCompiler::classify_builds() {
   std::size_t units = 0;
   for (std::size_t i = 0; i < n_; ++i) units += g_.from[i].units.size() + g_.to[i].units.size();
@@ -257,7 +295,15 @@ void TransitionCompiler::classify_builds() {
       auto mine = [&](DeviceId d) { return stamp_[static_cast<std::size_t>(d)] == stamp_now_; };
       UnitRef donor{};
       bool has_donor = false;
-      if (src.empty()) {
+      std::optional<UnitRef> far;
+      if (req_.memory_first) far = far_donor(i, u);
+      if (far) {
+        donor = *far;
+        has_donor = true;
+        src.assign(1, donor);
+        const bool aligned = g_.emu(donor).layout.same_sharding(e.layout);
+        node.kind = donor.stage != i ? NodeKind::sync : aligned ? NodeKind::extend : NodeKind::reshard;
+      } else if (src.empty()) {
         DonorPicker& p = donors[0].empty() ? donors[1] : donors[0];
         donor = p.pick(node_of(e.gpus[0]));
         has_donor = true;
@@ -303,8 +349,9 @@ void TransitionCompiler::classify_builds() {
         for (int r = 0; r < e.layout.tp; ++r) {
           const DeviceId d = e.device(s, r);
           here.clear();
-          for (const Holder& h : holders_on_[static_cast<std::size_t>(d)])
-            if (eligible(h.stage, i)) here.push_back(h.code);
+          if (!far)  // a far donor holds nothing here
+            for (const Holder& h : holders_on_[static_cast<std::size_t>(d)])
+              if (eligible(h.stage, i)) here.push_back(h.code);
           const std::uint64_t want = fp[static_cast<std::size_t>(s * e.layout.tp + r)];
           const auto local = static_cast<std::uint64_t>(geo_[i]->overlap(UnitGeometry::code(lid, s, r), here)) * bpe_[i];
           const std::uint64_t remote = want - local;
@@ -359,9 +406,14 @@ void TransitionCompiler::add_destroys_and_edges() {
   std::vector<std::uint64_t> acquired(static_cast<std::size_t>(max_device_) + 1, 0);
   for (std::uint32_t b = 0; b < g_.nodes.size(); ++b) {
     if (!g_.nodes[b].is_build()) continue;
-    for (const UnitRef& s : g_.nodes[b].sources)
-      if (const std::int32_t d = destroy_of_[s.stage][s.unit]; d >= 0 && !s.target)
+    for (const UnitRef& s : g_.nodes[b].sources) {
+      if (s.target) {  // built from a new unit built before
+        g_.nodes[b].after.push_back({static_cast<std::uint32_t>(build_of_[s.stage][s.unit]), EdgeKind::data});
+        continue;
+      }
+      if (const std::int32_t d = destroy_of_[s.stage][s.unit]; d >= 0)
         g_.nodes[static_cast<std::size_t>(d)].after.push_back({b, EdgeKind::data});
+    }
     for (const Touch& t : touch_[b]) acquired[static_cast<std::size_t>(t.device)] += t.bytes;
   }
 
@@ -382,7 +434,33 @@ void TransitionCompiler::add_destroys_and_edges() {
       for (DeviceId d : g_.from[i].units[j].gpus) need += acquired[static_cast<std::size_t>(d)];
       if (anchor < 0 || need < best) anchor = static_cast<std::int32_t>(j), best = need;
     }
+    if (req_.memory_first) {
+      // The old unit whose GPUs the new units of this stage need last (new units are built
+      // in order, each from the replica needed next, so the anchor goes last).
+      std::map<DeviceId, std::uint32_t> first_need;
+      for (std::uint32_t k = 0; k < g_.to[i].units.size(); ++k)
+        for (DeviceId d : g_.to[i].units[k].gpus) first_need[d] = k;
+      long latest = -2;
+      for (std::uint32_t j = 0; j < g_.from[i].units.size(); ++j) {
+        long first = std::numeric_limits<long>::max();
+        for (DeviceId d : g_.from[i].units[j].gpus)
+          if (auto it = first_need.find(d); it != first_need.end()) first = std::min<long>(first, it->second);
+        if (first > latest) latest = first, anchor = static_cast<std::int32_t>(j);
+      }
+    }
     GraphNode& a = g_.nodes[static_cast<std::size_t>(destroy_of_[i][static_cast<std::size_t>(anchor)])];
+    if (req_.memory_first) {
+      // Memory first: the anchor waits only for the new units that do not need its GPUs,
+      // so that one replica, old or new, always holds the state.
+      const auto& ag = g_.from[i].units[static_cast<std::size_t>(anchor)].gpus;
+      std::vector<std::uint32_t> away;
+      for (std::uint32_t b : builds) {
+        const auto& bg = g_.emu(g_.nodes[b].unit).gpus;
+        if (std::none_of(bg.begin(), bg.end(), [&](DeviceId d) { return std::find(ag.begin(), ag.end(), d) != ag.end(); }))
+          away.push_back(b);
+      }
+      if (!away.empty()) builds = away;
+    }
     std::set<std::uint32_t> readers;
     for (const Edge& e : a.after) readers.insert(e.node);
     for (std::uint32_t b : builds)
@@ -501,13 +579,21 @@ TransitionGraph TransitionCompiler::run() {
   schedule();
   estimate_cost();
   g_.summary.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  g_.summary.memory_first = req_.memory_first;
   return std::move(g_);
 }
 
 }  // namespace detail
 
 TransitionGraph compile_transition(const TransitionRequest& request) {
-  return detail::TransitionCompiler(request).run();
+  TransitionGraph g = detail::TransitionCompiler(request).run();
+  if (g.feasibility.ok || request.memory_first || !request.allow_memory_first || request.memory.capacity == 0) return g;
+  TransitionRequest again = request;
+  again.memory_first = true;
+  TransitionGraph m = detail::TransitionCompiler(again).run();
+  if (!m.feasibility.ok) return g;  // the lower-bound graph's reason is the clearer one
+  m.summary.plan_ms += g.summary.plan_ms;
+  return m;
 }
 
 BuildPlan plan_build(const TransitionGraph& g, const GraphNode& build, const LinkModel& links) {

@@ -138,9 +138,11 @@ void TransitionCompiler::schedule() {
     if (after[d] > budget)
       fail("the new plan needs " + human_bytes(after[d]) + " on GPU " + std::to_string(d) + " (units and workspace), over its budget of " +
            human_bytes(budget));
-    else if (before[d] > budget)
-      fail("the old plan already needs " + human_bytes(before[d]) + " on GPU " + std::to_string(d) + ", over its budget of " + human_bytes(budget));
   }
+  // A GPU the old plan already fills past its budget may not grow further: the transition
+  // can only help it.
+  std::vector<std::uint64_t> cap(devs, budget);
+  for (std::size_t d = 0; d < devs; ++d) cap[d] = std::max(budget, before[d]);
 
   // Successors, stored flat: succ[first[x] .. first[x + 1]).
   std::vector<std::uint32_t> indeg(nodes, 0), first(nodes + 1, 0), succ;
@@ -160,7 +162,7 @@ void TransitionCompiler::schedule() {
   auto fits = [&](std::uint32_t x, const std::vector<std::uint64_t>& mem) {
     if (!limited) return true;
     for (const Touch& t : touch[x])
-      if (mem[static_cast<std::size_t>(t.device)] + t.bytes > budget) return false;
+      if (mem[static_cast<std::size_t>(t.device)] + t.bytes > cap[static_cast<std::size_t>(t.device)]) return false;
     return true;
   };
   auto apply = [&](std::uint32_t x, std::vector<std::uint64_t>& mem, int sign) {
@@ -222,7 +224,7 @@ void TransitionCompiler::schedule() {
     if (done[x]) continue;  // queued twice
     if (!fits(x, mem)) {
       for (const Touch& t : touch[x])
-        if (mem[static_cast<std::size_t>(t.device)] + t.bytes > budget) {
+        if (mem[static_cast<std::size_t>(t.device)] + t.bytes > cap[static_cast<std::size_t>(t.device)]) {
           auto& p = parked[static_cast<std::size_t>(t.device)];
           if (std::find(p.begin(), p.end(), x) == p.end()) p.push_back(x);
           break;
@@ -256,9 +258,9 @@ void TransitionCompiler::schedule() {
     std::string why = g_.describe(n.unit) + " cannot be built: ";
     for (const Touch& t : touch[blocked]) {
       const auto d = static_cast<std::size_t>(t.device);
-      if (mem[d] + t.bytes <= budget) continue;
+      if (mem[d] + t.bytes <= cap[d]) continue;
       why += "it needs " + human_bytes(t.bytes) + " on GPU " + std::to_string(d) + ", which has " +
-             human_bytes(budget > mem[d] ? budget - mem[d] : 0) + " of its " + human_bytes(budget) + " budget free";
+             human_bytes(cap[d] > mem[d] ? cap[d] - mem[d] : 0) + " of its " + human_bytes(cap[d]) + " budget free";
       std::string waiting;
       for (std::uint32_t y = 0; y < nodes; ++y) {
         const GraphNode& r = g_.nodes[y];
@@ -300,7 +302,7 @@ void TransitionCompiler::schedule() {
       const auto d = static_cast<std::size_t>(t.device);
       acquired[d] += t.bytes;
       std::uint64_t level = before[d] + acquired[d];
-      for (std::size_t k = 0; k < rel_on[d].size() && level > budget; ++k) {
+      for (std::size_t k = 0; k < rel_on[d].size() && level > cap[d]; ++k) {
         const std::uint32_t r = rel_on[d][k];
         for (const Touch& z : touch[r])
           if (static_cast<std::size_t>(z.device) == d) level -= std::min(level, z.bytes);
@@ -333,8 +335,9 @@ void TransitionCompiler::schedule() {
       g_.feasibility.worst_device = static_cast<DeviceId>(d);
     }
   }
-  if (g_.feasibility.ok && limited && g_.feasibility.worst_bytes > budget)
-    throw Error("internal: the memory schedule exceeds the budget on GPU " + std::to_string(g_.feasibility.worst_device));
+  for (const GpuMemory& m : g_.memory)
+    if (g_.feasibility.ok && limited && m.worst > cap[static_cast<std::size_t>(m.device)])
+      throw Error("internal: the memory schedule exceeds the budget on GPU " + std::to_string(m.device));
 }
 
 void TransitionCompiler::estimate_cost() {

@@ -187,12 +187,17 @@ void TransitionRun::roll_back() {
       continue;
     }
     // Not switched: new units go; the old units left form the collection, trimmed to a
-    // DP degree that divides the global batch.
-    for (std::size_t u = 0; u < news[i].size(); ++u)
-      if (news[i][u] && graph.kept[i][u] < 0) job->free_unit(*news[i][u]);
+    // DP degree that divides the global batch. A memory-first graph may have freed every
+    // old unit already: then the new units built so far are the collection.
     std::vector<UnitPtr> left;
     for (std::size_t j = 0; j < olds[i].size(); ++j)
       if (!destroyed[i][j]) left.push_back(olds[i][j]);
+    const bool keep_new = left.empty();
+    for (std::size_t u = 0; u < news[i].size(); ++u) {
+      if (!news[i][u] || graph.kept[i][u] >= 0) continue;
+      if (keep_new) left.push_back(news[i][u]);
+      else job->free_unit(*news[i][u]);
+    }
     while (left.size() > 1 && !dp_allowed(batch, static_cast<int>(left.size()))) {
       slot.retiring.push_back(left.back());
       left.pop_back();

@@ -67,6 +67,10 @@ class CostModel {
   const ClusterSpec& cluster() const { return cluster_; }
   const std::array<double, kOpClasses>& efficiency() const { return eff_; }
   void set_efficiency(const std::array<double, kOpClasses>& e) { eff_ = e; }
+  /// Measured over predicted memory (≥ 1 once calibrated): fragmentation and activations
+  /// the formulas miss. Applied to resident and transient bytes.
+  double memory_scale() const { return memory_scale_; }
+  void set_memory_scale(double s) { memory_scale_ = s; }
   /// Memory a GPU keeps for the framework (CUDA context, allocator slack).
   std::uint64_t overhead_bytes() const { return overhead_; }
   /// Usable bytes per GPU: capacity × (1 − headroom) − overhead.
@@ -84,6 +88,7 @@ class CostModel {
   ClusterSpec cluster_;
   std::array<double, kOpClasses> eff_;
   std::uint64_t overhead_;
+  double memory_scale_ = 1.0;
 };
 
 }  // namespace nereus

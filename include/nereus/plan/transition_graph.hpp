@@ -94,6 +94,11 @@ struct TransitionRequest {
   std::vector<bool> stale;
   MemoryModel memory;
   LinkModel links;
+  /// Build every new unit from a replica on other GPUs, so old units can go before new
+  /// ones arrive where memory holds only one of them. Moves more bytes; compile_transition
+  /// tries it by itself when the lower-bound graph does not fit.
+  bool memory_first = false;
+  bool allow_memory_first = true;  ///< let compile_transition fall back to it
 };
 
 /// Memory of one GPU: before, after, and the most any execution order can reach.
@@ -123,6 +128,7 @@ struct TransitionSummary {
   double link_bound_seconds = 0;     ///< busiest device's send or receive time
   double l_tran_seconds = 0;         ///< max of the two
   double plan_ms = 0;
+  bool memory_first = false;  ///< built from replicas elsewhere to fit memory (above the lower bound)
 };
 
 /// The compiled graph. Nodes are listed in a topological order: the static schedule the
@@ -145,7 +151,10 @@ struct TransitionGraph {
 
 /// Compiles S → S*. Throws Error on bad input (stages that differ from the job's, a DP
 /// degree that does not divide the global batch); an infeasible transition is returned
-/// with feasibility.ok == false and the reason, never executed.
+/// with feasibility.ok == false and the reason, never executed. When the lower-bound graph
+/// does not fit memory, a memory-first graph is tried (summary.memory_first). In that graph
+/// a model-stage stopped part-way may be left on some of its old units or on some of its
+/// new ones.
 TransitionGraph compile_transition(const TransitionRequest& request);
 
 /// The transfers of one build: planned from its sources only, so the bytes it reads are

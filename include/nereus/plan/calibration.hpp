@@ -1,0 +1,52 @@
+#pragma once
+// Online calibration of the cost model: one efficiency per op class, fitted to measured
+// stage times. A measurement is a stage's time and the cost model's ideal seconds per op
+// class for that stage; the fit minimises relative error over all measurements so far,
+// pulled gently toward the conservative prior so that a class seen rarely (or never)
+// stays where it started.
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "nereus/plan/cost_model.hpp"
+
+namespace nereus {
+
+/// One measured stage time with the work the cost model attributes to it.
+struct Measurement {
+  StageWork work;
+  double seconds = 0;
+};
+
+/// Mean and largest absolute percentage error of predictions.
+struct Fit {
+  double mape = 0;
+  double max_ape = 0;
+  std::size_t n = 0;
+};
+
+class Calibrator {
+ public:
+  explicit Calibrator(std::array<double, kOpClasses> prior = conservative_efficiency(), double prior_weight = 0.05);
+
+  void add(const Measurement& m);
+  /// Efficiencies fitted to every measurement added so far.
+  std::array<double, kOpClasses> efficiency() const;
+  std::size_t measurements() const { return count_; }
+  /// How many measurements did work of each class.
+  const std::array<std::size_t, kOpClasses>& seen() const { return seen_; }
+
+  /// Error of `efficiency` on `held_out` measurements.
+  static Fit fit(const std::array<double, kOpClasses>& efficiency, const std::vector<Measurement>& held_out);
+
+ private:
+  std::array<double, kOpClasses> prior_;
+  double prior_weight_;
+  // Normal equations of min Σ ((work · x − t) / t)² + w Σ (x_c − 1/prior_c)², x_c = 1/eff_c.
+  std::array<std::array<double, kOpClasses>, kOpClasses> ata_{};
+  std::array<double, kOpClasses> atb_{};
+  std::array<std::size_t, kOpClasses> seen_{};
+  std::size_t count_ = 0;
+};
+
+}  // namespace nereus

@@ -1,0 +1,106 @@
+#pragma once
+// The controller (architecture.md, "Controller"): monitor → planner → admission.
+//
+// Triggers: a change of the GPU pool or a predicted memory violation of the current plan
+// (urgent when the current plan can no longer run); a drifting signal — mean response
+// length, inter-node link slowdown — beyond δ of its reference value. References reset at
+// every replan, also when the candidate is rejected. Admission: urgent → the first
+// feasible transition; otherwise ΔL > 0 and L_tran / ΔL ≤ γ·H_x, with H_x the moving
+// average of steps between crossings of the triggering signal (1 before the first
+// interval; the smallest H_x when several trigger). When S* cannot be reached, slightly
+// slower candidates that keep more of the current plan are tried.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nereus/plan/calibration.hpp"
+#include "nereus/plan/planner.hpp"
+#include "nereus/plan/transition_graph.hpp"
+
+namespace nereus {
+
+/// Which plan changes a controller makes (interfaces.md, `nereus simulate --policy`).
+enum class Policy : std::uint8_t {
+  fixed,   ///< "static": keep the first TP/PP; scale DP with the pool
+  every,   ///< switch to the planner's target every K steps
+  greedy,  ///< any transition that improves the predicted step latency
+  nereus,  ///< payback admission
+};
+
+/// Parses "static", "every:K", "greedy", "nereus"; K is returned in `every`.
+Policy parse_policy(const std::string& text, int& every);
+
+struct ControllerOptions {
+  Policy policy = Policy::nereus;
+  int every = 3;
+  double gamma = 0.5;
+  double delta = 0.3;       ///< relative drift that triggers a replan
+  double ema = 0.5;         ///< weight of the newest interval in H_x
+  double headroom = 0.1;
+  int alternatives = 6;     ///< slower candidates tried when S* is out of reach
+  PlannerOptions planner;
+};
+
+/// What the monitor sees before a step.
+struct Signals {
+  long step = 0;
+  int gpus = 0;
+  double response_len_mean = 0;
+  double response_len_p95 = 0;
+  double link_slowdown = 1;
+};
+
+/// One decision with its numbers (logged for every replan).
+struct Decision {
+  long step = 0;
+  std::string trigger;           ///< "", or pool / memory / length / link / every, comma-separated
+  bool urgent = false;
+  bool replanned = false;        ///< the planner ran
+  bool admitted = false;
+  std::string why;
+  double current_seconds = 0;    ///< predicted step latency of the current plan (inf: cannot run)
+  double target_seconds = 0;     ///< of the admitted (or best rejected) candidate
+  double transition_seconds = 0; ///< its L_tran
+  double horizon_steps = 0;      ///< H_x used
+  std::uint64_t moved_bytes = 0;
+  double decision_ms = 0;        ///< planner + transition graphs
+  GlobalPlan target;             ///< when admitted
+};
+
+class Controller {
+ public:
+  Controller(const JobSpec& job, const ClusterSpec& cluster, ControllerOptions options = {});
+
+  /// The plan for the first step.
+  GlobalPlan initial(const Signals& s);
+  /// Before a step: whether to change plan, and to what.
+  Decision decide(const Signals& s, const GlobalPlan& current);
+  /// After a stage ran: its measured time calibrates the cost model.
+  void measure(const ModelStage& stage, const Candidate& c, const Workload& w, double seconds);
+  /// After a step: the busiest GPU's measured peak against the cost model's prediction
+  /// for it calibrates the memory estimate.
+  void measure_memory(std::uint64_t predicted_peak, std::uint64_t measured_peak);
+
+  const CostModel& model() const { return model_; }
+  const Calibrator& calibrator() const { return calibrator_; }
+  Workload workload(const Signals& s) const;
+  /// The transition graph S → S* the controller would run (memory from the cost model).
+  TransitionGraph transition(const GlobalPlan& from, const GlobalPlan& to, const Signals& s) const;
+
+ private:
+  GlobalPlan rescale(const GlobalPlan& current, int gpus) const;
+  double horizon(const std::vector<std::string>& signals, long step);
+
+  const JobSpec& job_;
+  ClusterSpec cluster_;
+  ControllerOptions options_;
+  CostModel model_;
+  Calibrator calibrator_;
+  Signals reference_;
+  std::map<std::string, double> horizon_;    // H_x per signal
+  std::map<std::string, long> last_cross_;   // step of the last crossing per signal
+  long last_every_ = 0;
+};
+
+}  // namespace nereus

@@ -1,0 +1,258 @@
+#include "nereus/plan/controller.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "nereus/core/error.hpp"
+
+namespace nereus {
+
+Policy parse_policy(const std::string& text, int& every) {
+  if (text == "static") return Policy::fixed;
+  if (text == "greedy") return Policy::greedy;
+  if (text == "nereus") return Policy::nereus;
+  if (text.rfind("every:", 0) == 0) {
+    const std::string k = text.substr(6);
+    char* end = nullptr;
+    const long v = std::strtol(k.c_str(), &end, 10);
+    if (k.empty() || *end != '\0' || v < 1 || v > 1000000)
+      throw Error("policy '" + text + "': K in every:K must be a positive integer");
+    every = static_cast<int>(v);
+    return Policy::every;
+  }
+  throw Error("policy '" + text + "' is not one of static, every:K, greedy, nereus");
+}
+
+Controller::Controller(const JobSpec& job, const ClusterSpec& cluster, ControllerOptions options)
+    : job_(job), cluster_(cluster), options_(options), model_(cluster) {
+  if (options_.gamma <= 0) throw Error("gamma must be positive");
+  if (options_.delta <= 0) throw Error("delta must be positive");
+}
+
+Workload Controller::workload(const Signals& s) const {
+  Workload w = Workload::of(job_, s.response_len_mean, s.response_len_p95);
+  w.link_slowdown = s.link_slowdown;
+  return w;
+}
+
+GlobalPlan Controller::initial(const Signals& s) {
+  reference_ = s;
+  // A static plan must survive the longest responses the job allows: it is sized for them.
+  Signals sized = s;
+  if (options_.policy == Policy::fixed && job_.max_response_len > 0)
+    sized.response_len_mean = sized.response_len_p95 = static_cast<double>(job_.max_response_len);
+  const PlanChoice c = plan_job(model_, job_, s.gpus, workload(sized), options_.planner);
+  if (!c.feasible) throw Error("no plan fits the first step: " + c.reason);
+  return c.plan;
+}
+
+void Controller::measure(const ModelStage& stage, const Candidate& c, const Workload& w, double seconds) {
+  calibrator_.add({model_.work(stage, c, w), seconds});
+  model_.set_efficiency(calibrator_.efficiency());
+}
+
+void Controller::measure_memory(std::uint64_t predicted, std::uint64_t measured) {
+  const double o = static_cast<double>(model_.overhead_bytes());
+  if (static_cast<double>(predicted) <= o || static_cast<double>(measured) <= o) return;
+  // The formulas' own estimate (without the current scale) against what was measured;
+  // the scale only grows quickly and shrinks slowly, so one quiet step does not undo it.
+  const double raw = (static_cast<double>(predicted) - o) / model_.memory_scale();
+  const double ratio = (static_cast<double>(measured) - o) / raw;
+  const double s = model_.memory_scale();
+  model_.set_memory_scale(ratio > s ? ratio : 0.9 * s + 0.1 * ratio);
+}
+
+namespace {
+
+bool uses_missing(const GlobalPlan& p, int gpus) {
+  for (const auto& [name, spec] : p.stages)
+    for (DeviceId d : spec.devices)
+      if (d >= gpus) return true;
+  return false;
+}
+
+bool same_plan(const GlobalPlan& a, const GlobalPlan& b) {
+  if (a.stages.size() != b.stages.size()) return false;
+  for (std::size_t i = 0; i < a.stages.size(); ++i)
+    if (to_string(a.stages[i].second) != to_string(b.stages[i].second)) return false;
+  return true;
+}
+
+}  // namespace
+
+TransitionGraph Controller::transition(const GlobalPlan& from, const GlobalPlan& to, const Signals& s) const {
+  const Workload w = workload(s);
+  TransitionRequest req;
+  req.job = &job_;
+  req.to = plan_collections(job_, to);
+  req.from = plan_collections(job_, from);
+  const auto stages = model_stages(job_);
+  double reload = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    // Units on GPUs that left the pool are gone; a model-stage that lost every unit
+    // reloads from a checkpoint (its share of the node's NICs per GPU).
+    auto& units = req.from[i].units;
+    std::erase_if(units, [&](const Emu& e) {
+      return std::any_of(e.gpus.begin(), e.gpus.end(), [&](DeviceId d) { return d >= s.gpus; });
+    });
+    if (units.empty()) {
+      req.from[i] = req.to[i];
+      const Candidate c = candidate_of(*to.find(stages[i].name()));
+      const double bw = cluster_.inter_node_gbps * 1e9 * cluster_.nics_per_node / cluster_.gpus_per_node;
+      reload = std::max(reload, static_cast<double>(model_.memory(stages[i], c, w).resident) / bw);
+    }
+    // Transitions run between steps (sync mode): no activations or KV cache then, only
+    // gradient buffers of training stages and the framework's share.
+    std::uint64_t ws = 0;
+    if (stages[i].kind == StageKind::train)
+      for (const GlobalPlan* p : {&from, &to})
+        ws = std::max(ws, model_.memory(stages[i], candidate_of(*p->find(stages[i].name())), w).resident / 8);
+    req.memory.workspace.emplace_back(stages[i].name(), ws + model_.overhead_bytes());
+  }
+  req.memory.capacity = static_cast<std::uint64_t>(cluster_.gpu_memory_gib * 1024.0 * 1024.0 * 1024.0);
+  req.memory.headroom = options_.headroom;
+  req.links = LinkModel::of(cluster_);
+  req.links.inter_node_gbps /= std::max(1.0, s.link_slowdown);
+  TransitionGraph g = compile_transition(req);
+  g.summary.l_tran_seconds += reload;
+  return g;
+}
+
+GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
+  // Keep every stage's TP and PP; give each stage its old share of its phase's GPUs.
+  std::vector<PlannedStage> stages;
+  const std::int64_t seqs = job_.prompts_per_step * job_.samples_per_prompt;
+  for (const auto& phase : job_.phases()) {
+    int total = 0;
+    for (const ModelStage& s : phase) total += current.find(s.name())->layout.size() * current.find(s.name())->dp;
+    for (const ModelStage& s : phase) {
+      const CollectionSpec& spec = *current.find(s.name());
+      const int unit = spec.layout.size();
+      const int share = std::max(unit, unit * spec.dp * gpus / std::max(1, total));
+      int dp = 1;
+      for (int d = 1; unit * d <= share; ++d)
+        if (seqs % d == 0) dp = d;
+      stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false}, 0, {}});
+    }
+  }
+  return place(job_, stages, cluster_.gpus_per_node);
+}
+
+double Controller::horizon(const std::vector<std::string>& signals, long step) {
+  double h = std::numeric_limits<double>::infinity();
+  for (const std::string& x : signals) {
+    auto last = last_cross_.find(x);
+    if (last != last_cross_.end()) {
+      const double interval = static_cast<double>(step - last->second);
+      auto it = horizon_.find(x);
+      horizon_[x] = it == horizon_.end() ? interval : (1 - options_.ema) * it->second + options_.ema * interval;
+    }
+    last_cross_[x] = step;
+    auto it = horizon_.find(x);
+    h = std::min(h, it == horizon_.end() ? 1.0 : it->second);
+  }
+  return std::isfinite(h) ? h : 1.0;
+}
+
+Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto done = [&](Decision& d) {
+    d.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return d;
+  };
+  Decision d;
+  d.step = s.step;
+  const Workload w = workload(s);
+  const bool invalid = uses_missing(current, s.gpus);
+  const PlanEstimate cur = invalid ? PlanEstimate{} : estimate_plan(model_, job_, current, w, options_.headroom);
+  d.current_seconds = invalid || !cur.fits ? std::numeric_limits<double>::infinity() : cur.step_seconds;
+  std::vector<std::string> trig;
+  if (s.gpus != reference_.gpus) trig.push_back("pool");
+  if (!invalid && !cur.fits) trig.push_back("memory");
+
+  if (options_.policy == Policy::fixed) {
+    // Static: the first TP/PP for ever; DP follows the pool.
+    if (s.gpus == reference_.gpus && !invalid) return done(d);
+    reference_ = s;
+    d.trigger = "pool";
+    d.urgent = invalid;
+    d.target = rescale(current, s.gpus);
+    const TransitionGraph g = transition(current, d.target, s);
+    d.admitted = !same_plan(current, d.target);
+    d.why = "static: keep TP/PP, scale DP with the pool";
+    d.transition_seconds = g.summary.l_tran_seconds;
+    d.moved_bytes = g.summary.moved_bytes;
+    d.target_seconds = estimate_plan(model_, job_, d.target, w, options_.headroom).step_seconds;
+    return done(d);
+  }
+  auto drift = [&](double now, double ref) { return ref > 0 && std::fabs(now - ref) / ref > options_.delta; };
+  if (drift(s.response_len_mean, reference_.response_len_mean)) trig.push_back("length");
+  if (drift(s.link_slowdown, reference_.link_slowdown)) trig.push_back("link");
+  if (options_.policy == Policy::every && s.step - last_every_ >= options_.every) {
+    trig.push_back("every");
+    last_every_ = s.step;
+  }
+  if (trig.empty()) return done(d);
+  for (const std::string& x : trig) d.trigger += (d.trigger.empty() ? "" : ",") + x;
+  d.urgent = invalid || !cur.fits;
+  reference_ = s;  // references reset at every replan, admitted or not
+  d.horizon_steps = horizon(trig, s.step);
+  d.replanned = true;
+
+  const PlanChoice best = plan_job(model_, job_, s.gpus, w, options_.planner);
+  if (!best.feasible) {
+    d.why = "no plan fits: " + best.reason;
+    return done(d);
+  }
+  // S*, then slightly slower plans that keep a model-stage as it is (cheaper to reach).
+  std::vector<std::pair<double, GlobalPlan>> options{{best.step_seconds, best.plan}};
+  if (!invalid)
+    for (std::size_t i = 0; i < best.plan.stages.size() && static_cast<int>(options.size()) <= options_.alternatives; ++i) {
+      GlobalPlan alt = best.plan;
+      alt.stages[i].second = *current.find(alt.stages[i].first);
+      const PlanEstimate e = estimate_plan(model_, job_, alt, w, options_.headroom);
+      if (e.fits) options.emplace_back(e.step_seconds, alt);
+    }
+  std::stable_sort(options.begin(), options.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string rejected;
+  for (const auto& [predicted, plan] : options) {
+    if (same_plan(plan, current)) {
+      if (rejected.empty()) rejected = "already on the best plan";
+      continue;
+    }
+    const TransitionGraph g = transition(current, plan, s);
+    if (!g.feasibility.ok) {
+      rejected = "unreachable: " + g.feasibility.reason;
+      continue;
+    }
+    const double gain = d.current_seconds - predicted;
+    const double cost = g.summary.l_tran_seconds;
+    d.target_seconds = predicted;
+    d.transition_seconds = cost;
+    d.moved_bytes = g.summary.moved_bytes;
+    bool admit = false;
+    if (d.urgent) admit = true;
+    else if (options_.policy == Policy::every) admit = true;
+    else if (options_.policy == Policy::greedy) admit = gain > 0;
+    else admit = gain > 0 && cost / gain <= options_.gamma * d.horizon_steps;
+    if (admit) {
+      d.admitted = true;
+      d.target = plan;
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "%s: %.3f s -> %.3f s per step, L_tran %.3f s, H %.1f steps", d.urgent ? "urgent" : "pays back",
+                    d.current_seconds, predicted, cost, d.horizon_steps);
+      d.why = buf;
+      return done(d);
+    }
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "gain %.3f s per step does not pay back L_tran %.3f s within %.1f x %.1f steps", gain, cost,
+                  options_.gamma, d.horizon_steps);
+    rejected = buf;  // a slower candidate may still pay back with a cheaper transition
+  }
+  d.why = rejected;
+  return done(d);
+}
+
+}  // namespace nereus
