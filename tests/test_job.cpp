@@ -258,3 +258,36 @@ TEST_CASE("job: random plan changes under random timing") {
   MESSAGE(completed << " of 30 random transitions completed");
   CHECK(completed >= 20);
 }
+
+TEST_CASE("job: a memory-first transition on full devices, completed or cancelled part-way") {
+  const JobSpec spec = load_job("ppo-tiny");
+  std::string from = kPlanA;
+  from.replace(from.find("\"actor/train\": \"tp=4,pp=1,dp=1,devices=0-3\""), 43, "\"actor/train\": \"tp=2,pp=1,dp=2,devices=0-3\"");
+  std::string to = from;
+  to.replace(to.find("\"actor/train\": \"tp=2,pp=1,dp=2,devices=0-3\""), 43, "\"actor/train\": \"tp=1,pp=2,dp=2,devices=0-3\"");
+  const GlobalPlan a = load_global_plan(spec, from), b = load_global_plan(spec, to);
+  for (int stop_after = -1; stop_after < 6; ++stop_after) {
+    CAPTURE(stop_after);
+    asio::io_context io;
+    LocalTransport local({1, 1 << 20});
+    ChaosTransport chaos(local, {0.0005, -1, 3});
+    JobOptions o = options(13 << 20);  // only one copy of actor/train fits where it lives
+    o.transport = &chaos;
+    o.executor.chunk_bytes = 256 << 10;
+    Job job(io.get_executor(), spec, a, o);
+    if (stop_after >= 0) chaos.fail_after(stop_after * 4);
+    const TransitionReport r = run_on(io, job.transition(b));
+    const FillCheck v = job.verify();
+    CHECK_MESSAGE(v.ok, v.first_error);
+    CHECK(job.cap_violations() == 0);
+    for (const DeviceUse& d : job.devices()) CHECK(d.peak <= d.budget);
+    if (stop_after < 0) {
+      CHECK(r.completed);
+      CHECK(to_string(*job.plan().find("actor/train")) == "tp=1,pp=2,dp=2,devices=0-3");
+    }
+    // Whatever happened, actor/train is a complete collection of one layout or the other.
+    const CollectionSpec now = *job.plan().find("actor/train");
+    CHECK(now.dp >= 1);
+    CHECK((now.layout.tp == 2 || now.layout.tp == 1));
+  }
+}
