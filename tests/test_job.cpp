@@ -31,8 +31,8 @@ asio::awaitable<void> sleep_ms(double ms) {
 /// Stage work that sleeps and checks what it is given.
 StageWork nap(double ms, std::vector<std::string>* log = nullptr) {
   return [ms, log](UnitContext& c) -> asio::awaitable<void> {
-    CHECK(c.buffers().size() == c.buffers().size());
-    CHECK(c.memory(0).size() >= c.buffers()[0].bytes());
+    REQUIRE(!c.buffers().empty());
+    for (std::size_t b = 0; b < c.buffers().size(); ++b) CHECK(c.memory(b).size() >= c.buffers()[b].bytes());
     if (log) log->push_back(std::string(c.model_stage()) + "#" + std::to_string(c.replica()) + "@" + device_list_string(c.emu().gpus));
     co_await sleep_ms(ms);
   };

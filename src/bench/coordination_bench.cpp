@@ -56,14 +56,10 @@ class PlanDraw {
     std::vector<std::pair<Layout, int>> options;
     for (int tp : {1, 2, 4, 8})
       for (int pp : {1, 2}) {
+        if (!valid_tp(c, tp) || pp > c.layers) continue;
         Layout l;
         l.tp = tp;
         l.pp = pp;
-        try {
-          validate_layout(c, l);
-        } catch (const Error&) {
-          continue;
-        }
         for (int dp = 1; dp * l.size() <= static_cast<int>(gpus.size()); dp *= 2)
           if (batch % dp == 0) options.emplace_back(l, dp);
       }
@@ -164,10 +160,13 @@ Trial draw_trial(const JobSpec& job, const CoordinationConfig& c, PlanDraw& draw
       return r;
     }());
     const auto stages = model_stages(job);
+    std::map<const ModelSpec*, std::unique_ptr<UnitGeometry>> geometries;  // one per model, not per unit
     auto bytes_on = [&](std::size_t i, bool target, std::uint32_t u, std::map<DeviceId, std::int64_t>& m, int sign) {
       const Collection& col = target ? g.to[i] : g.from[i];
       const Emu& e = col.units[u];
-      UnitGeometry geo(col.model);
+      auto& slot = geometries[col.model.get()];
+      if (!slot) slot = std::make_unique<UnitGeometry>(col.model);
+      UnitGeometry& geo = *slot;
       for (int s = 0; s < e.layout.pp; ++s)
         for (int r = 0; r < e.layout.tp; ++r)
           m[e.device(s, r)] += sign * geo.elements({&e.layout, s, r}) *

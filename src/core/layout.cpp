@@ -32,6 +32,10 @@ int Layout::stage_of(std::int64_t layer, std::int64_t L) const {
   return pp - 1;
 }
 
+bool valid_tp(const ModelConfig& m, int tp) {
+  return tp >= 1 && m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0);
+}
+
 void validate_layout(const ModelConfig& m, const Layout& l) {
   const std::string spec = to_string(l);
   if (l.tp < 1) throw Error("layout " + spec + ": tp must be at least 1");

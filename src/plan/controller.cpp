@@ -137,7 +137,7 @@ GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
       stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false}, 0, {}});
     }
   }
-  return place(job_, stages, cluster_.gpus_per_node);
+  return place(job_, stages);
 }
 
 double Controller::horizon(const std::vector<std::string>& signals, long step) {

@@ -135,7 +135,7 @@ StageWork CostModel::work(const ModelStage& stage, const Candidate& c, const Wor
           count * (c.pp - 1) * ((pp_inside ? kIntraLatency : kInterLatency) + bytes / (pp_inside ? intra : inter)));
   };
   // Forward FLOPs of n sequences of t tokens; attention is causal.
-  const double gemm_flops = [&] { return 2.0 * m.linear(); }();  // per token
+  const double gemm_flops = 2.0 * m.linear();  // per token
   auto attention_flops = [&](double t) { return 2.0 * m.L * m.nh * m.hd * t * t; };  // per sequence
   auto bubble = [&](double micro) { return (micro + c.pp - 1) / std::max(1.0, micro); };
 

@@ -40,21 +40,6 @@ std::int64_t UnitGeometry::elements(std::uint32_t position) {
   return n;
 }
 
-std::int64_t UnitGeometry::unit_elements(const Layout& l) {
-  const int id = intern(l);
-  std::int64_t n = 0;
-  for (int s = 0; s < l.pp; ++s)
-    for (int r = 0; r < l.tp; ++r) n += elements(code(id, s, r));
-  return n;
-}
-
-std::int64_t UnitGeometry::overlap(const Position& target, std::span<const Position> holders) {
-  std::array<std::uint32_t, 8> codes{};
-  if (holders.size() > codes.size()) return compute_overlap(target, holders);
-  for (std::size_t i = 0; i < holders.size(); ++i) codes[i] = code(holders[i]);
-  return overlap(code(target), std::span<const std::uint32_t>(codes.data(), holders.size()));
-}
-
 std::int64_t UnitGeometry::overlap(std::uint32_t target, std::span<const std::uint32_t> holders) {
   if (holders.empty()) return 0;
   if (holders.size() > 5) {

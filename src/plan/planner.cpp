@@ -41,13 +41,6 @@ std::vector<Point> pareto(std::vector<Point> v, bool by_gpus) {
   return kept;
 }
 
-std::vector<int> valid_tps(const ModelConfig& m, int limit) {
-  std::vector<int> out;
-  for (int t = 1; t <= limit; ++t)
-    if (m.heads % t == 0 && (m.kv_heads % t == 0 || t % m.kv_heads == 0)) out.push_back(t);
-  return out;
-}
-
 int granularity_of(const PlannerOptions& o, int gpus, int gpus_per_node) {
   if (o.granularity > 0) return o.granularity;
   return gpus > 64 ? gpus_per_node : 1;
@@ -80,7 +73,8 @@ std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const
   const int gpn = cluster.gpus_per_node;
   const int grain = granularity_of(o, gpus, gpn);
   std::vector<Candidate> out;
-  for (int tp : valid_tps(m, std::min(gpn, gpus)))
+  for (int tp = 1; tp <= std::min(gpn, gpus); ++tp) {
+    if (!valid_tp(m, tp)) continue;
     for (int pp = 1; pp <= std::min<std::int64_t>(o.max_pp, m.layers); pp *= 2)
       for (int dp = 1; tp * pp * dp <= gpus; ++dp) {
         if (sequences % dp != 0) continue;
@@ -91,6 +85,7 @@ std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const
           out.push_back({tp, pp, dp, re});
         }
       }
+  }
   return out;
 }
 
@@ -98,8 +93,7 @@ Candidate candidate_of(const CollectionSpec& spec, bool recompute) {
   return {spec.layout.tp, spec.layout.pp, spec.dp, recompute};
 }
 
-GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages, int gpus_per_node) {
-  (void)gpus_per_node;
+GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages) {
   std::map<std::string, CollectionSpec> specs;
   for (const auto& phase : job.phases()) {
     std::vector<const PlannedStage*> in;
@@ -212,7 +206,7 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
       out.fast_path = true;
       out.step_seconds = total;
       out.peak_memory_bytes = static_cast<std::uint64_t>(resident + transient) + model.overhead_bytes();
-      out.plan = place(job, out.stages, model.cluster().gpus_per_node);
+      out.plan = place(job, out.stages);
       out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       return out;
     }
@@ -292,7 +286,7 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
   out.step_seconds = chain.back()[best].t;
   out.peak_memory_bytes =
       static_cast<std::uint64_t>(chain.back()[best].r + chain.back()[best].x) + model.overhead_bytes();
-  out.plan = place(job, out.stages, model.cluster().gpus_per_node);
+  out.plan = place(job, out.stages);
   out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

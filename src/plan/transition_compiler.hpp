@@ -76,7 +76,8 @@ class TransitionCompiler {
   std::map<const ModelSpec*, std::unique_ptr<UnitGeometry>> geometries_;
   std::vector<std::vector<Holder>> holders_on_;  // by device: old unit positions
   std::vector<std::vector<std::int32_t>> build_of_, destroy_of_;  // node per (stage, unit) or −1
-  std::vector<std::vector<bool>> reshard_class_;  // per stage and new unit: built by a plain reshard
+  std::vector<std::vector<bool>> reshard_class_;
+  std::map<std::size_t, std::map<DeviceId, std::uint32_t>> new_unit_on_;  // per stage and new unit: built by a plain reshard
   std::vector<DeviceLoad> load_;
   TouchTable touch_;  // per node (creation order): bytes per GPU
   std::vector<std::uint32_t> stamp_;       // per device: scratch marks
@@ -93,6 +94,9 @@ class TransitionCompiler {
   double link_gbps(DeviceId a, DeviceId b) const;
   /// Memory-first: a replica on none of the new unit's GPUs to build it from.
   std::optional<UnitRef> far_donor(std::size_t stage, std::uint32_t unit);
+  /// Memory-first: the new unit (not kept) of stage i on each GPU; units of a stage are
+  /// disjoint, so that is the first (and only) one that needs the GPU. Built once per stage.
+  const std::map<DeviceId, std::uint32_t>& new_unit_on(std::size_t stage);
   /// Bytes a unit of `layout` in stage i holds at each position (index s·tp + r).
   const std::vector<std::uint64_t>& footprint(std::size_t stage, const Layout& layout);
   /// Records the memory a new node's unit occupies on each of its GPUs (plus `extra`

@@ -208,6 +208,15 @@ class DonorPicker {
 
 }  // namespace
 
+const std::map<DeviceId, std::uint32_t>& TransitionCompiler::new_unit_on(std::size_t i) {
+  auto [it, fresh] = new_unit_on_.try_emplace(i);
+  if (fresh)
+    for (std::uint32_t k = 0; k < g_.to[i].units.size(); ++k)
+      if (g_.kept[i][k] < 0)
+        for (DeviceId d : g_.to[i].units[k].gpus) it->second[d] = k;
+  return it->second;
+}
+
 std::optional<UnitRef> TransitionCompiler::far_donor(std::size_t i, std::uint32_t u) {
   const Emu& e = g_.to[i].units[u];
   auto overlaps = [&](const Emu& x) {
@@ -215,11 +224,7 @@ std::optional<UnitRef> TransitionCompiler::far_donor(std::size_t i, std::uint32_
   };
   ++stamp_now_;
   for (DeviceId d : e.gpus) stamp_[static_cast<std::size_t>(d)] = stamp_now_;
-  // The new unit of stage i that first needs each GPU (units of a stage are disjoint).
-  std::map<DeviceId, std::uint32_t> need;
-  for (std::uint32_t k = 0; k < g_.to[i].units.size(); ++k)
-    if (g_.kept[i][k] < 0)
-      for (DeviceId d : g_.to[i].units[k].gpus) need[d] = k;
+  const auto& need = new_unit_on(i);
   // Best: an old replica on GPUs no later new unit needs; then one whose GPUs are needed
   // soonest after this unit (it is freed right after it is read). Never one whose GPUs an
   // earlier new unit needed: that one had to go first.
@@ -437,9 +442,7 @@ void TransitionCompiler::add_destroys_and_edges() {
     if (req_.memory_first) {
       // The old unit whose GPUs the new units of this stage need last (new units are built
       // in order, each from the replica needed next, so the anchor goes last).
-      std::map<DeviceId, std::uint32_t> first_need;
-      for (std::uint32_t k = 0; k < g_.to[i].units.size(); ++k)
-        for (DeviceId d : g_.to[i].units[k].gpus) first_need[d] = k;
+      const auto& first_need = new_unit_on(i);  // no unit is kept here: the anchor exists
       long latest = -2;
       for (std::uint32_t j = 0; j < g_.from[i].units.size(); ++j) {
         long first = std::numeric_limits<long>::max();

@@ -30,7 +30,6 @@ struct StageSlot {
   std::vector<UnitPtr> next;   ///< after a transition's switch: the collection from its effective step on
   bool switched = false;
   StageState state;
-  StageState next_state;
   bool ran_this_step = false;
   bool claimed = false;  ///< a run_stage call owns it (maybe still waiting)
   bool running = false;  ///< its work runs on its units

@@ -37,6 +37,10 @@ struct Layout {
   bool operator==(const Layout&) const = default;
 };
 
+/// Whether TP degree tp is valid for `model`: it divides the heads, and divides or is a
+/// multiple of the KV heads (sharding.md).
+bool valid_tp(const ModelConfig& model, int tp);
+
 /// Throws Error unless `layout` is valid for `model` (sharding.md validity rules).
 void validate_layout(const ModelConfig& model, const Layout& layout);
 

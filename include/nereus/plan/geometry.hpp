@@ -34,10 +34,6 @@ class UnitGeometry {
   const ModelSpec& model() const { return *model_; }
   /// Elements (of one slot) held at a position.
   std::int64_t elements(const Position& p) { return elements(code(p)); }
-  /// Elements of one slot of `target` that at least one of `holders` also holds.
-  std::int64_t overlap(const Position& target, std::span<const Position> holders);
-  /// Elements of a whole unit (one slot): the model's parameter count.
-  std::int64_t unit_elements(const Layout& l);
 
   /// Hot paths name positions by code: an interned layout (same sharding, same id) and
   /// (s, r). Codes of different geometries do not mix.
@@ -47,7 +43,8 @@ class UnitGeometry {
   }
   std::uint32_t code(const Position& p) { return code(intern(*p.layout), p.s, p.r); }
   std::int64_t elements(std::uint32_t position);
-  /// As overlap() above; at most five holders are memoised, more are computed each time.
+  /// Elements of one slot of `target` that at least one of `holders` also holds; at most
+  /// five holders are memoised, more are computed each time.
   std::int64_t overlap(std::uint32_t target, std::span<const std::uint32_t> holders);
 
  private:

@@ -74,8 +74,8 @@ PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const Glo
 /// The candidate a collection spec describes (recompute as chosen for training).
 Candidate candidate_of(const CollectionSpec& spec, bool recompute = false);
 
-/// Lays out chosen candidates on GPUs 0..gpus−1: per phase, model-stages in descending TP
-/// on consecutive blocks, so TP groups stay inside a node.
-GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages, int gpus_per_node);
+/// Lays out chosen candidates on GPUs 0..: per phase, model-stages in descending unit size
+/// on consecutive blocks, so TP groups (powers of two, at most a node) stay inside a node.
+GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages);
 
 }  // namespace nereus
