@@ -143,6 +143,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
   }
   std::vector<double> secs;
   json last_done;
+  double detected = 0;  // seconds from the failing run's start to the failure being known
   for (int i = 0; i < c.repeat && error.empty(); ++i) {
     const auto t0 = clock::now();
     {
@@ -151,6 +152,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     }
     auto done = co_await gather("done", deadline());
     secs.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    if (!error.empty()) detected = secs.back();
     std::uint64_t link = 0, local = 0;
     for (auto& [r, m] : done) {
       link += m.value("link_bytes", std::uint64_t{0});
@@ -174,6 +176,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     bool ok = !v.empty();
     for (auto& [r, m] : v) ok = ok && m.value("sources_ok", false);
     out["error"] = first;
+    if (detected > 0) out["failure_detected_seconds"] = detected;
     out["verified_sources"] = ok;
     out["surviving_workers"] = v.size();
   } else {
