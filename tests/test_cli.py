@@ -199,4 +199,12 @@ with tempfile.TemporaryDirectory() as d:
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace, "--policy", "every:x"],
                  "every:x")
 
+# The shipped 1,024-GPU growth trace: every pool change handled, no out-of-memory step.
+growth = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "traces", "growth-1024gpu.jsonl")
+rc, out, err = run("simulate", "--cluster", "paper-cluster-1-mi250x", "--job", "ppo-llama-3.1-8b", "--trace", growth,
+                   "--policy", "nereus", "--json")
+j = json.loads(out) if rc == 0 and out else {}
+check(j.get("steps") == 1000 and j.get("oom_steps") == 0 and j.get("transitions", 0) >= 4,
+      f"growth to 1,024 GPUs: 1,000 steps, no OOM, the pool changes followed ({err.strip()})")
+
 finish("cli")
