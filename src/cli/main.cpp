@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   nereus::cli::add_presets_command(app);
   nereus::cli::add_search_command(app);
   nereus::cli::add_simulate_command(app);
+  nereus::cli::add_cluster_command(app);
   nereus::cli::add_bench_command(app, args);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,57 @@
+#pragma once
+// One control-plane connection: frames over Asio TCP, read with deadlines and a frame
+// cap, and the authentication handshake for either side. A channel has one reader and
+// one writer coroutine at a time (the daemon's connection loops keep to that).
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <string>
+
+#include "nereus/cluster/messages.hpp"
+#include "nereus/runtime/asio.hpp"
+
+namespace nereus::cluster {
+
+using tcp = asio::ip::tcp;
+using Millis = std::chrono::milliseconds;
+
+class Channel {
+ public:
+  explicit Channel(tcp::socket socket, std::uint32_t frame_cap = kDefaultFrameCap)
+      : socket_(std::move(socket)), frame_cap_(frame_cap) {}
+
+  /// Writes one frame.
+  asio::awaitable<void> send(const Envelope& e);
+  /// Reads one frame: its first byte must arrive within `idle` and the rest within `frame`
+  /// after that (a peer that trickles bytes is cut off). Throws nereus::Error on end of
+  /// stream, a timeout or a malformed frame; the error names which.
+  asio::awaitable<Envelope> receive(Millis idle, Millis frame = Millis(5000));
+  /// A request and its reply (matched by request id), the reply within `limit`.
+  asio::awaitable<Envelope> call(Body body, Millis limit);
+
+  void close();
+  tcp::socket& socket() { return socket_; }
+  std::string peer() const { return peer_; }
+  void set_peer(std::string p) { peer_ = std::move(p); }
+
+ private:
+  asio::awaitable<void> read_within(asio::mutable_buffer b, Millis limit, const char* what);
+  tcp::socket socket_;
+  std::uint32_t frame_cap_;
+  std::uint64_t next_request_ = 1;
+  std::string peer_;
+};
+
+/// Connects to `host:port`, retrying until `limit` (the coordinator may still be
+/// starting); throws nereus::Error naming the address.
+asio::awaitable<tcp::socket> connect_to(const std::string& host, unsigned short port, Millis limit);
+
+/// Client side of the handshake: Hello, check the server's proof, Authenticate, Welcome.
+/// Throws nereus::Error ("... refused: ..." or "the server could not prove the token").
+asio::awaitable<Welcome> authenticate_as_client(Channel& ch, const std::string& token, Hello hello, Millis limit);
+
+/// Server side: reads Hello, challenges, checks the proof; returns the Hello on success.
+/// On a wrong proof answers an error and throws nereus::Error. The whole exchange must
+/// finish within `limit`.
+asio::awaitable<Hello> authenticate_as_server(Channel& ch, const std::string& token, std::int32_t nodes, Millis limit);
+
+}  // namespace nereus::cluster

@@ -1,0 +1,52 @@
+#pragma once
+// nereusd: one daemon per node. It owns the node's devices, serves the control plane on
+// its listen address (authenticated clients; on the coordinator also the nodes), and,
+// unless it is the coordinator, joins the coordinator and heartbeats to it, rejoining
+// when the connection drops. The coordinator (node 0) keeps the job's membership and
+// marks a node lost at end of stream or after `dead_after` without a heartbeat.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "nereus/cluster/channel.hpp"
+#include "nereus/cluster/launch.hpp"
+#include "nereus/cluster/membership.hpp"
+#include "nereus/cluster/metrics.hpp"
+
+namespace nereus::cluster {
+
+struct DaemonOptions {
+  Launch launch;
+  std::string token;
+  int devices = 1;                   ///< host devices on this node
+  std::uint64_t device_capacity = 1ull << 30;
+  std::optional<Endpoint> metrics;   ///< Prometheus endpoint
+  Millis heartbeat_every{250};
+  Millis dead_after{1500};           ///< silence after which the coordinator declares a node lost
+  Millis handshake_limit{5000};      ///< a connection must authenticate within this
+  Millis join_limit{60000};          ///< how long a node keeps trying to reach the coordinator
+  Millis client_idle{60000};         ///< an authenticated client silent this long is dropped
+  std::uint32_t frame_cap = kDefaultFrameCap;
+  int max_pending = 64;              ///< connections in the handshake at once; more are dropped
+};
+
+class Daemon {
+ public:
+  Daemon(asio::io_context& io, DaemonOptions options);
+  ~Daemon();
+  /// Binds the listen (and metrics) addresses; throws nereus::Error naming an address in use.
+  void bind();
+  /// The bound addresses (ports chosen by the system when 0 was asked).
+  Endpoint listening() const;
+  std::optional<Endpoint> metrics_listening() const;
+  /// Serves until stop(); throws nereus::Error when the node cannot join (wrong token, rank
+  /// taken, coordinator unreachable within join_limit).
+  asio::awaitable<void> run();
+  void stop();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace nereus::cluster

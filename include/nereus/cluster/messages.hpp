@@ -1,0 +1,93 @@
+#pragma once
+// The control plane's messages as plain C++ (src/cluster/control.capnp is the wire
+// schema). Decoding reads a frame into these once, under the frame cap and Cap'n Proto's
+// read limits; nothing else in the daemon sees Cap'n Proto readers.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace nereus::cluster {
+
+inline constexpr std::uint16_t kProtocolVersion = 1;
+/// Largest frame a reader accepts by default (length prefix excluded).
+inline constexpr std::uint32_t kDefaultFrameCap = 1u << 20;
+
+using Bytes = std::vector<std::uint8_t>;
+
+enum class Role { node, client };
+
+struct Hello {
+  Role role = Role::client;
+  std::int32_t node_rank = -1;
+  std::int32_t nodes = 0;
+  Bytes nonce;
+};
+struct Challenge {
+  Bytes nonce, proof;
+};
+struct Authenticate {
+  Bytes proof;
+};
+struct Welcome {
+  std::int32_t nodes = 0;
+};
+struct ErrorReply {
+  std::string message;
+};
+struct DeviceInfo {
+  std::uint32_t id = 0;
+  std::uint64_t capacity = 0, used = 0, peak = 0;
+  bool operator==(const DeviceInfo&) const = default;
+};
+struct Join {
+  std::int32_t node_rank = -1, nodes = 0;
+  std::string listen;
+  std::vector<DeviceInfo> devices;
+  std::int32_t pid = 0;
+};
+struct Heartbeat {
+  std::uint64_t sequence = 0;
+  std::vector<DeviceInfo> devices;
+};
+struct StatusRequest {};
+struct NodeStatus {
+  std::int32_t rank = -1;
+  bool alive = false;
+  std::string listen;
+  std::int32_t pid = 0;
+  std::uint64_t ms_since_heartbeat = 0, heartbeats = 0;
+  std::uint32_t joins = 0;
+  std::vector<DeviceInfo> devices;
+};
+struct ClusterStatus {
+  std::int32_t nodes = 0;
+  std::vector<NodeStatus> members;
+};
+
+using Body = std::variant<Hello, Challenge, Authenticate, Welcome, ErrorReply, Join, Heartbeat, StatusRequest, ClusterStatus>;
+
+struct Envelope {
+  std::uint16_t version = kProtocolVersion;
+  std::uint64_t request_id = 0;
+  std::uint32_t deadline_ms = 0;
+  Body body;
+};
+
+/// The message kind's name, for logs and errors ("hello", "heartbeat", ...).
+const char* kind_name(const Body& b);
+
+/// One frame: 4-byte little-endian length, then the Envelope as a flat Cap'n Proto message.
+Bytes encode_frame(const Envelope& e);
+
+/// The length a frame header announces; throws nereus::Error when it exceeds `cap`.
+std::uint32_t frame_length(std::span<const std::uint8_t, 4> header, std::uint32_t cap = kDefaultFrameCap);
+
+/// Decodes a frame's body (without the length prefix). Throws nereus::Error with one clear
+/// message on anything malformed: not a Cap'n Proto message, over the read limits, an
+/// unknown protocol version or message kind, an out-of-range field.
+Envelope decode_body(std::span<const std::uint8_t> body, std::uint32_t cap = kDefaultFrameCap);
+
+}  // namespace nereus::cluster

@@ -1,0 +1,136 @@
+#include "nereus/cluster/channel.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <memory>
+
+#include "nereus/cluster/auth.hpp"
+#include "nereus/core/error.hpp"
+
+namespace nereus::cluster {
+
+asio::awaitable<void> Channel::send(const Envelope& e) {
+  const Bytes frame = encode_frame(e);
+  auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(frame), asio::as_tuple(asio::use_awaitable));
+  if (ec) throw Error("sending " + std::string(kind_name(e.body)) + " to " + peer_ + " failed: " + ec.message());
+}
+
+// A watchdog closes the socket when the read overruns; the shared flag keeps a handler that
+// was already queued from closing it after the read returned.
+asio::awaitable<void> Channel::read_within(asio::mutable_buffer b, Millis limit, const char* what) {
+  auto done = std::make_shared<bool>(false);
+  auto expired = std::make_shared<bool>(false);
+  asio::steady_timer watchdog(socket_.get_executor(), limit);
+  watchdog.async_wait([this, done, expired](boost::system::error_code ec) {
+    if (ec || *done) return;
+    *expired = true;
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  });
+  auto [ec, n] = co_await asio::async_read(socket_, b, asio::as_tuple(asio::use_awaitable));
+  *done = true;
+  watchdog.cancel();
+  if (*expired) throw Error(peer_ + ": no " + what + " within " + std::to_string(limit.count()) + " ms");
+  if (ec == asio::error::eof) throw Error(peer_ + ": connection closed");
+  if (ec) throw Error(peer_ + ": " + ec.message());
+}
+
+asio::awaitable<Envelope> Channel::receive(Millis idle, Millis frame) {
+  std::uint8_t head[4];
+  co_await read_within(asio::buffer(head, 1), idle, "message");
+  co_await read_within(asio::buffer(head + 1, 3), frame, "complete frame");
+  const std::uint32_t n = frame_length(std::span<const std::uint8_t, 4>(head, 4), frame_cap_);
+  Bytes body(n);
+  co_await read_within(asio::buffer(body), frame, "complete frame");
+  co_return decode_body(body, frame_cap_);
+}
+
+// Note (here and in the daemon): no braced temporaries inside a co_await expression; GCC 12
+// destroys some of them twice. Build named locals first.
+asio::awaitable<Envelope> Channel::call(Body body, Millis limit) {
+  Envelope req;
+  req.request_id = next_request_++;
+  req.deadline_ms = static_cast<std::uint32_t>(limit.count());
+  req.body = std::move(body);
+  co_await send(req);
+  for (;;) {
+    Envelope rep = co_await receive(limit);
+    if (rep.request_id == req.request_id) co_return rep;  // anything else is stale; skip it
+  }
+}
+
+void Channel::close() {
+  boost::system::error_code ignored;
+  socket_.shutdown(tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+}
+
+asio::awaitable<tcp::socket> connect_to(const std::string& host, unsigned short port, Millis limit) {
+  auto ex = co_await asio::this_coro::executor;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  tcp::resolver resolver(ex);
+  auto [rec, endpoints] = co_await resolver.async_resolve(host, std::to_string(port), asio::as_tuple(asio::use_awaitable));
+  if (rec) throw Error("cannot resolve " + host + ": " + rec.message());
+  std::string last;
+  for (Millis backoff(50);; backoff = std::min(backoff * 2, Millis(1000))) {
+    tcp::socket s(ex);
+    auto [ec, ep] = co_await asio::async_connect(s, endpoints, asio::as_tuple(asio::use_awaitable));
+    if (!ec) {
+      s.set_option(tcp::no_delay(true));
+      co_return s;
+    }
+    last = ec.message();
+    if (std::chrono::steady_clock::now() + backoff > until) break;
+    asio::steady_timer t(ex, backoff);
+    co_await t.async_wait(asio::use_awaitable);
+  }
+  throw Error("cannot connect to " + host + ":" + std::to_string(port) + " within " + std::to_string(limit.count()) +
+              " ms: " + last);
+}
+
+asio::awaitable<Welcome> authenticate_as_client(Channel& ch, const std::string& token, Hello hello, Millis limit) {
+  hello.nonce = random_nonce();
+  const Bytes mine = hello.nonce;
+  Body greeting = std::move(hello);
+  Envelope reply = co_await ch.call(std::move(greeting), limit);
+  if (auto* e = std::get_if<ErrorReply>(&reply.body)) throw Error(ch.peer() + " refused the connection: " + e->message);
+  auto* c = std::get_if<Challenge>(&reply.body);
+  if (!c) throw Error(ch.peer() + " answered hello with " + kind_name(reply.body));
+  // The client proves itself even when the server's proof is wrong (the proof reveals
+  // nothing of the token), so that the server, too, logs the mismatch as a wrong token.
+  const bool server_ok = same_proof(c->proof, server_proof(token, mine, c->nonce));
+  Body auth = Authenticate{client_proof(token, c->nonce, mine)};
+  reply = co_await ch.call(std::move(auth), limit);
+  if (!server_ok) throw Error(ch.peer() + " could not prove the shared secret (a different token, or not a nereusd)");
+  if (auto* e = std::get_if<ErrorReply>(&reply.body)) throw Error(ch.peer() + " refused the connection: " + e->message);
+  auto* w = std::get_if<Welcome>(&reply.body);
+  if (!w) throw Error(ch.peer() + " answered authenticate with " + kind_name(reply.body));
+  co_return *w;
+}
+
+asio::awaitable<Hello> authenticate_as_server(Channel& ch, const std::string& token, std::int32_t nodes, Millis limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  auto left = [&] { return std::max(Millis(1), std::chrono::duration_cast<Millis>(until - std::chrono::steady_clock::now())); };
+  Envelope first = co_await ch.receive(left(), left());
+  auto* hello = std::get_if<Hello>(&first.body);
+  if (!hello) throw Error(ch.peer() + ": expected hello, got " + kind_name(first.body));
+  if (hello->nonce.size() < 16) throw Error(ch.peer() + ": hello nonce too short");
+  Hello h = *hello;
+  const Bytes nonce = random_nonce();
+  const Envelope challenge{kProtocolVersion, first.request_id, 0, Challenge{nonce, server_proof(token, h.nonce, nonce)}};
+  co_await ch.send(challenge);
+  Envelope second = co_await ch.receive(left(), left());
+  auto* a = std::get_if<Authenticate>(&second.body);
+  if (!a) throw Error(ch.peer() + ": expected authenticate, got " + kind_name(second.body));
+  if (!same_proof(a->proof, client_proof(token, nonce, h.nonce))) {
+    const Envelope refusal{kProtocolVersion, second.request_id, 0, ErrorReply{"wrong token"}};
+    co_await ch.send(refusal);
+    throw Error(ch.peer() + ": wrong token");
+  }
+  const Envelope welcome{kProtocolVersion, second.request_id, 0, Welcome{nodes}};
+  co_await ch.send(welcome);
+  co_return h;
+}
+
+}  // namespace nereus::cluster

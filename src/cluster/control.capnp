@@ -1,0 +1,98 @@
+@0xc3de1456865f9b60;
+# The control plane between nereusd daemons, the coordinator and clients (architecture.md,
+# layer `cluster`). Every frame on the wire is a 4-byte little-endian length followed by
+# one Envelope as a flat Cap'n Proto message (segment table included). Messages are
+# read into plain C++ structs (include/nereus/cluster/messages.hpp) under a frame cap and
+# Cap'n Proto's traversal and nesting limits, and nothing else touches the reader.
+#
+# Versioning: `version` is the protocol version (1). A receiver rejects any other version
+# with an error naming both. New message kinds are added as new union members with new
+# ordinals; a receiver that does not know one answers with an error, never guesses.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("nereus::cluster::wire");
+
+struct Envelope {
+  version @0 :UInt16;
+  requestId @1 :UInt64;     # echoed in the reply
+  deadlineMs @2 :UInt32;    # how long the sender waits for the reply; 0: no deadline
+  body :union {
+    hello @3 :Hello;
+    challenge @4 :Challenge;
+    authenticate @5 :Authenticate;
+    welcome @6 :Welcome;
+    error @7 :ErrorReply;
+    join @8 :Join;
+    heartbeat @9 :Heartbeat;
+    statusRequest @10 :Void;
+    status @11 :ClusterStatus;
+  }
+}
+
+enum Role {
+  node @0;     # a nereusd joining the coordinator
+  client @1;   # a tool (nereus cluster status, nereus bench transition --daemons)
+}
+
+# Challenge-response HMAC-SHA256 over nonces from both sides (mutual; the token never
+# travels): client Hello(nonce c) -> server Challenge(nonce s, HMAC(token, "nereus-server" | c | s))
+# -> client checks it and answers Authenticate(HMAC(token, "nereus-client" | s | c)).
+struct Hello {
+  role @0 :Role;
+  nodeRank @1 :Int32;       # node role only
+  nodes @2 :Int32;          # node role only: the job's node count as this node sees it
+  nonce @3 :Data;           # 32 random bytes
+}
+
+struct Challenge {
+  nonce @0 :Data;
+  proof @1 :Data;
+}
+
+struct Authenticate {
+  proof @0 :Data;
+}
+
+struct Welcome {
+  nodes @0 :Int32;
+}
+
+struct ErrorReply {
+  message @0 :Text;
+}
+
+struct Device {
+  id @0 :UInt32;            # global: node rank x devices per node + local index
+  capacity @1 :UInt64;      # bytes
+  used @2 :UInt64;
+  peak @3 :UInt64;
+}
+
+struct Join {
+  nodeRank @0 :Int32;
+  nodes @1 :Int32;
+  listen @2 :Text;          # HOST:PORT the daemon serves on
+  devices @3 :List(Device);
+  pid @4 :Int32;
+}
+
+struct Heartbeat {
+  sequence @0 :UInt64;
+  devices @1 :List(Device);
+}
+
+struct NodeStatus {
+  rank @0 :Int32;
+  alive @1 :Bool;
+  listen @2 :Text;
+  pid @3 :Int32;
+  msSinceHeartbeat @4 :UInt64;
+  heartbeats @5 :UInt64;
+  joins @6 :UInt32;         # 1 + rejoins
+  devices @7 :List(Device);
+}
+
+struct ClusterStatus {
+  nodes @0 :Int32;          # expected
+  members @1 :List(NodeStatus);
+}

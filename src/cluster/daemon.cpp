@@ -1,0 +1,408 @@
+// nereusd's event loop: the listener and its sessions, the coordinator's membership sweep,
+// a node's join-and-heartbeat link, and the metrics endpoint. Everything runs on one
+// io_context thread; every session ends on its own errors without touching the others.
+#include "nereus/cluster/daemon.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/streambuf.hpp>
+#include <boost/asio/write.hpp>
+#include <cstdio>
+#include <vector>
+
+#include "nereus/cluster/auth.hpp"
+#include "nereus/core/error.hpp"
+#include "nereus/runtime/async_scope.hpp"
+#include "nereus/runtime/device.hpp"
+
+namespace nereus::cluster {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+tcp::endpoint endpoint_of(asio::io_context& io, const Endpoint& e, const char* what) {
+  tcp::resolver r(io);
+  boost::system::error_code ec;
+  auto results = r.resolve(e.host, std::to_string(e.port), ec);
+  if (ec || results.empty()) throw Error(std::string(what) + ": cannot resolve '" + e.host + "': " + ec.message());
+  return results.begin()->endpoint();
+}
+
+void open_acceptor(tcp::acceptor& a, const tcp::endpoint& ep, const std::string& what) {
+  boost::system::error_code ec;
+  a.open(ep.protocol(), ec);
+  if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) throw Error(what + " " + ep.address().to_string() + ":" + std::to_string(ep.port()) + ": " + ec.message());
+}
+}  // namespace
+
+struct Daemon::State {
+  asio::io_context& io;
+  DaemonOptions o;
+  tcp::acceptor acceptor{io};
+  tcp::acceptor metrics_acceptor{io};
+  AsyncScope scope{io.get_executor()};
+  std::optional<Membership> members;  // coordinator only
+  std::uint64_t self_session = 0;
+  std::vector<std::unique_ptr<HostDevice>> devices;
+  Metrics metrics;
+  int pending = 0;
+  bool stopping = false;
+  std::string fatal;
+  asio::steady_timer stopped{io};
+
+  State(asio::io_context& i, DaemonOptions opt) : io(i), o(std::move(opt)) {
+    stopped.expires_at(Clock::time_point::max());
+    metrics.node_rank = o.launch.node_rank;
+    metrics.coordinator = o.launch.coordinator;
+    const auto per_node = static_cast<DeviceId>(o.devices);
+    for (int i = 0; i < o.devices; ++i)
+      devices.push_back(std::make_unique<HostDevice>(static_cast<DeviceId>(o.launch.node_rank) * per_node + static_cast<DeviceId>(i),
+                                                     o.device_capacity));
+    if (o.launch.coordinator) members.emplace(o.launch.nodes, o.dead_after);
+  }
+
+  template <class... A>
+  void log(fmt::format_string<A...> f, A&&... a) {
+    std::fprintf(stderr, "nereusd[%d]: %s\n", o.launch.node_rank, fmt::format(f, std::forward<A>(a)...).c_str());
+    std::fflush(stderr);
+  }
+
+  std::vector<DeviceInfo> device_info() const {
+    std::vector<DeviceInfo> out;
+    for (const auto& d : devices) out.push_back({static_cast<std::uint32_t>(d->id()), d->capacity(), d->used(), d->peak()});
+    return out;
+  }
+
+  Endpoint listening() const {
+    const auto ep = acceptor.local_endpoint();
+    return {ep.address().to_string(), ep.port()};
+  }
+
+  void finish(std::string error) {
+    if (stopping) return;
+    stopping = true;
+    fatal = std::move(error);
+    boost::system::error_code ignored;
+    acceptor.close(ignored);
+    metrics_acceptor.close(ignored);
+    scope.cancel();
+    stopped.cancel();
+  }
+
+  void refresh_metrics() {
+    metrics.devices = device_info();
+    if (members) {
+      metrics.nodes_expected = members->nodes();
+      metrics.nodes_alive = members->alive();
+      metrics.heartbeats_received = members->heartbeats();
+    }
+  }
+
+  // ---- serving ----------------------------------------------------------------------
+
+  asio::awaitable<void> accept_loop() {
+    for (;;) {
+      auto [ec, sock] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
+      if (ec) {
+        if (stopping || ec == asio::error::operation_aborted) co_return;
+        // e.g. too many open files: keep serving the connections we have, try again soon
+        asio::steady_timer t(io, Millis(50));
+        co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+        continue;
+      }
+      ++metrics.connections_accepted;
+      if (pending >= o.max_pending) {
+        ++metrics.dropped["busy"];
+        boost::system::error_code ignored;
+        sock.close(ignored);
+        continue;
+      }
+      scope.spawn(session(std::move(sock)));
+    }
+  }
+
+  asio::awaitable<void> reply(Channel& ch, std::uint64_t request_id, Body body) {
+    const Envelope e{kProtocolVersion, request_id, 0, std::move(body)};
+    co_await ch.send(e);
+    ++metrics.frames_sent;
+  }
+
+  asio::awaitable<void> session(tcp::socket sock) {
+    boost::system::error_code ec;
+    const auto remote = sock.remote_endpoint(ec);
+    sock.set_option(tcp::no_delay(true), ec);
+    Channel ch(std::move(sock), o.frame_cap);
+    ch.set_peer(ec ? std::string("?") : remote.address().to_string() + ":" + std::to_string(remote.port()));
+    Hello hello;
+    ++pending;
+    try {
+      hello = co_await authenticate_as_server(ch, o.token, o.launch.nodes, o.handshake_limit);
+      --pending;
+    } catch (const std::exception& e) {
+      --pending;
+      const std::string what = e.what();
+      if (what.find("wrong token") != std::string::npos) {
+        ++metrics.auth_failures;
+        log("refused {}: wrong token", ch.peer());
+      } else {
+        ++metrics.dropped[what.find("within") != std::string::npos ? "timeout" : "handshake"];
+        log("dropped {} during the handshake: {}", ch.peer(), what);
+      }
+      ch.close();
+      co_return;
+    }
+    try {
+      if (hello.role == Role::node) {
+        if (!members) {
+          Body no = ErrorReply{"node " + std::to_string(o.launch.node_rank) + " is not the coordinator"};
+          co_await reply(ch, 0, std::move(no));
+          throw Error("a node tried to join a daemon that is not the coordinator");
+        }
+        co_await node_session(ch);
+      } else {
+        co_await client_session(ch);
+      }
+    } catch (const std::exception& e) {
+      if (!stopping) {
+        const std::string what = e.what();
+        if (what.find("connection closed") == std::string::npos) {
+          ++metrics.dropped["protocol"];
+          log("dropped {}: {}", ch.peer(), what);
+        }
+      }
+    }
+    ch.close();
+  }
+
+  asio::awaitable<void> client_session(Channel& ch) {
+    for (;;) {
+      Envelope req = co_await ch.receive(o.client_idle);
+      ++metrics.frames_received;
+      if (std::holds_alternative<StatusRequest>(req.body)) {
+        Body answer = status();
+        co_await reply(ch, req.request_id, std::move(answer));
+      } else {
+        Body no = ErrorReply{std::string("unexpected ") + kind_name(req.body) + " from a client"};
+        co_await reply(ch, req.request_id, std::move(no));
+        throw Error(std::string("unexpected ") + kind_name(req.body));
+      }
+    }
+  }
+
+  ClusterStatus status() {
+    if (members) {
+      members->heartbeat(0, self_session, device_info(), Clock::now());
+      return members->status(Clock::now());
+    }
+    NodeStatus me{o.launch.node_rank, true, listening().str(), static_cast<std::int32_t>(::getpid()), 0,
+                  metrics.heartbeats_sent, static_cast<std::uint32_t>(metrics.joins), device_info()};
+    return {o.launch.nodes, {me}};
+  }
+
+  // The coordinator's side of a node: Join, then heartbeats (each answered, so the node
+  // notices a silent coordinator too) until the connection ends or goes quiet.
+  asio::awaitable<void> node_session(Channel& ch) {
+    Envelope first = co_await ch.receive(o.handshake_limit);
+    ++metrics.frames_received;
+    auto* join = std::get_if<Join>(&first.body);
+    if (!join) throw Error(std::string("expected join, got ") + kind_name(first.body));
+    std::uint64_t session = 0;
+    const int rank = join->node_rank;
+    std::string refused;
+    try {
+      session = members->join(*join, Clock::now());
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+    if (!refused.empty()) {  // answered outside the handler: no co_await inside catch
+      Body no = ErrorReply{refused};
+      co_await reply(ch, first.request_id, std::move(no));
+      throw Error("join refused: " + refused);
+    }
+    log("node {} joined from {} (pid {}, {} devices)", rank, join->listen, join->pid, join->devices.size());
+    Body welcome = Welcome{members->nodes()};
+    co_await reply(ch, first.request_id, std::move(welcome));
+    std::string why = "connection closed";
+    try {
+      for (;;) {
+        Envelope m = co_await ch.receive(o.dead_after);
+        ++metrics.frames_received;
+        auto* hb = std::get_if<Heartbeat>(&m.body);
+        if (!hb) throw Error(std::string("unexpected ") + kind_name(m.body) + " from node " + std::to_string(rank));
+        if (!members->heartbeat(rank, session, hb->devices, Clock::now())) throw Error("superseded by a rejoin");
+        Body ack = Heartbeat{hb->sequence, {}};
+        co_await reply(ch, m.request_id, std::move(ack));
+      }
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (!stopping && members->lost(rank, session, why)) log("node {} lost: {}", rank, why);
+  }
+
+  asio::awaitable<void> sweep_loop() {
+    asio::steady_timer t(io);
+    for (;;) {
+      t.expires_after(Millis(100));
+      auto [ec] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      if (ec) co_return;
+      members->heartbeat(0, self_session, device_info(), Clock::now());
+      for (int r : members->sweep(Clock::now())) log("node {} lost: {}", r, members->last_loss(r));
+    }
+  }
+
+  // ---- a node's link to the coordinator -----------------------------------------------
+
+  asio::awaitable<void> join_loop() {
+    const Endpoint& at = o.launch.coordinator_at;
+    auto deadline = Clock::now() + o.join_limit;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+      if (left <= Millis(0)) throw Error("cannot reach the coordinator at " + at.str() + " within " +
+                                         std::to_string(o.join_limit.count()) + " ms");
+      std::optional<Channel> ch;
+      try {
+        ch.emplace(co_await connect_to(at.host, at.port, left), o.frame_cap);
+        ch->set_peer("coordinator " + at.str());
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()) + " (is the coordinator running?)");
+      }
+      bool joined = false;
+      try {
+        const Hello hello{Role::node, o.launch.node_rank, o.launch.nodes, {}};
+        co_await authenticate_as_client(*ch, o.token, hello, o.handshake_limit);
+        Body join = Join{o.launch.node_rank, o.launch.nodes, listening().str(), device_info(), static_cast<std::int32_t>(::getpid())};
+        Envelope r = co_await ch->call(std::move(join), o.handshake_limit);
+        if (auto* e = std::get_if<ErrorReply>(&r.body)) throw Error("the coordinator refused the join: " + e->message);
+        if (!std::holds_alternative<Welcome>(r.body)) throw Error(std::string("the coordinator answered join with ") + kind_name(r.body));
+        joined = true;
+        ++metrics.joins;
+        log("joined the coordinator at {} ({})", at.str(), metrics.joins == 1 ? "first join" : "rejoin");
+        co_await heartbeat(*ch);
+      } catch (const Error& e) {
+        if (stopping) co_return;
+        const std::string what = e.what();
+        // A refusal is final: another try would be refused the same way.
+        if (!joined && (what.find("refused") != std::string::npos || what.find("prove") != std::string::npos)) throw;
+        log("lost the coordinator: {}; rejoining", what);
+      }
+      ch->close();
+      if (joined) deadline = Clock::now() + o.join_limit;
+      asio::steady_timer t(io, Millis(200));
+      co_await t.async_wait(asio::use_awaitable);
+    }
+  }
+
+  // Sends a heartbeat every heartbeat_every and reads the answers; ends (throws) when the
+  // coordinator closes or stays silent for dead_after.
+  asio::awaitable<void> heartbeat(Channel& ch) {
+    std::uint64_t seq = 0;
+    asio::steady_timer t(io);
+    for (;;) {
+      ++seq;
+      const Envelope beat{kProtocolVersion, seq, static_cast<std::uint32_t>(o.dead_after.count()), Heartbeat{seq, device_info()}};
+      co_await ch.send(beat);
+      ++metrics.heartbeats_sent;
+      ++metrics.frames_sent;
+      Envelope ack = co_await ch.receive(o.dead_after);
+      ++metrics.frames_received;
+      if (!std::holds_alternative<Heartbeat>(ack.body)) throw Error(std::string("the coordinator sent ") + kind_name(ack.body));
+      t.expires_after(o.heartbeat_every);
+      co_await t.async_wait(asio::use_awaitable);
+    }
+  }
+
+  // ---- metrics ------------------------------------------------------------------------
+
+  asio::awaitable<void> metrics_loop() {
+    for (;;) {
+      auto [ec, sock] = co_await metrics_acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
+      if (ec) {
+        if (stopping || ec == asio::error::operation_aborted) co_return;
+        continue;
+      }
+      scope.spawn(metrics_request(std::move(sock)));
+    }
+  }
+
+  asio::awaitable<void> metrics_request(tcp::socket sock) {
+    asio::streambuf buf(8192);  // a request line and headers; more is refused
+    asio::steady_timer watchdog(io, Millis(5000));  // a client that trickles is cut off
+    auto done = std::make_shared<bool>(false);
+    watchdog.async_wait([&sock, done](boost::system::error_code ec) {
+      boost::system::error_code ignored;
+      if (!ec && !*done) sock.close(ignored);
+    });
+    auto [ec, n] = co_await asio::async_read_until(sock, buf, "\r\n\r\n", asio::as_tuple(asio::use_awaitable));
+    *done = true;
+    watchdog.cancel();
+    if (ec) co_return;
+    std::string line(asio::buffers_begin(buf.data()), asio::buffers_begin(buf.data()) + static_cast<std::ptrdiff_t>(n));
+    line = line.substr(0, line.find("\r\n"));
+    std::string body, status = "200 OK";
+    if (line.rfind("GET /metrics ", 0) == 0 || line.rfind("GET / ", 0) == 0) {
+      refresh_metrics();
+      body = render_prometheus(metrics);
+    } else {
+      status = "404 Not Found";
+      body = "GET /metrics\n";
+    }
+    const std::string head = fmt::format("HTTP/1.0 {}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n",
+                                         status, body.size());
+    std::array<asio::const_buffer, 2> out{asio::buffer(head), asio::buffer(body)};
+    co_await asio::async_write(sock, out, asio::as_tuple(asio::use_awaitable));
+    boost::system::error_code ignored;
+    sock.shutdown(tcp::socket::shutdown_both, ignored);
+  }
+};
+
+Daemon::Daemon(asio::io_context& io, DaemonOptions options) : s_(std::make_unique<State>(io, std::move(options))) {}
+Daemon::~Daemon() = default;
+
+void Daemon::bind() {
+  open_acceptor(s_->acceptor, endpoint_of(s_->io, s_->o.launch.listen, "--listen"), "cannot listen on");
+  if (s_->o.metrics) open_acceptor(s_->metrics_acceptor, endpoint_of(s_->io, *s_->o.metrics, "--metrics"), "cannot serve metrics on");
+}
+
+Endpoint Daemon::listening() const { return s_->listening(); }
+
+std::optional<Endpoint> Daemon::metrics_listening() const {
+  if (!s_->metrics_acceptor.is_open()) return std::nullopt;
+  const auto ep = s_->metrics_acceptor.local_endpoint();
+  return Endpoint{ep.address().to_string(), ep.port()};
+}
+
+asio::awaitable<void> Daemon::run() {
+  State& s = *s_;
+  if (!s.acceptor.is_open()) bind();
+  s.scope.spawn(s.accept_loop());
+  if (s.metrics_acceptor.is_open()) s.scope.spawn(s.metrics_loop());
+  if (s.members) {
+    Join self{0, s.o.launch.nodes, s.listening().str(), s.device_info(), static_cast<std::int32_t>(::getpid())};
+    s.self_session = s.members->join(self, Clock::now());
+    s.scope.spawn(s.sweep_loop());
+  } else {
+    s.scope.spawn([](State& st) -> asio::awaitable<void> {
+      try {
+        co_await st.join_loop();
+      } catch (const std::exception& e) {
+        if (!st.stopping) st.finish(e.what());
+      }
+    }(s));
+  }
+  co_await s.stopped.async_wait(asio::as_tuple(asio::use_awaitable));
+  s.finish("");
+  try {
+    co_await s.scope.join();
+  } catch (const std::exception&) {  // sessions end with their own errors; already logged
+  }
+  if (!s.fatal.empty()) throw Error(s.fatal);
+}
+
+void Daemon::stop() { s_->finish(""); }
+
+}  // namespace nereus::cluster

@@ -1,0 +1,213 @@
+// Frames of the control plane: Envelope <-> flat Cap'n Proto message, read under limits.
+#include "nereus/cluster/messages.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <cstring>
+
+#include "control.capnp.h"
+#include "nereus/core/error.hpp"
+
+namespace nereus::cluster {
+
+namespace {
+
+namespace w = wire;
+
+// Field limits: far above what a well-formed peer sends, so that a hostile one cannot make
+// the daemon keep much.
+constexpr std::size_t kMaxNonce = 64;
+constexpr std::size_t kMaxText = 4096;
+constexpr std::size_t kMaxDevices = 4096;
+constexpr std::size_t kMaxMembers = 16384;
+
+template <class... F>
+struct Overload : F... {
+  using F::operator()...;
+};
+
+capnp::Data::Reader data_of(const Bytes& b) { return {b.data(), b.size()}; }
+
+void put_devices(capnp::List<w::Device>::Builder out, const std::vector<DeviceInfo>& in) {
+  for (unsigned i = 0; i < in.size(); ++i) {
+    out[i].setId(in[i].id);
+    out[i].setCapacity(in[i].capacity);
+    out[i].setUsed(in[i].used);
+    out[i].setPeak(in[i].peak);
+  }
+}
+
+Bytes bytes_of(capnp::Data::Reader d, const char* what) {
+  if (d.size() > kMaxNonce) throw Error(std::string(what) + " of " + std::to_string(d.size()) + " bytes is too long");
+  return Bytes(d.begin(), d.end());
+}
+
+std::string text_of(capnp::Text::Reader t, const char* what) {
+  if (t.size() > kMaxText) throw Error(std::string(what) + " of " + std::to_string(t.size()) + " bytes is too long");
+  return std::string(t.cStr(), t.size());
+}
+
+std::vector<DeviceInfo> devices_of(capnp::List<w::Device>::Reader l) {
+  if (l.size() > kMaxDevices) throw Error("a list of " + std::to_string(l.size()) + " devices is too long");
+  std::vector<DeviceInfo> out;
+  out.reserve(l.size());
+  for (auto d : l) out.push_back({d.getId(), d.getCapacity(), d.getUsed(), d.getPeak()});
+  return out;
+}
+
+Body body_of(w::Envelope::Body::Reader e) {
+  switch (e.which()) {
+    case w::Envelope::Body::HELLO: {
+      auto h = e.getHello();
+      Hello out;
+      switch (h.getRole()) {
+        case w::Role::NODE: out.role = Role::node; break;
+        case w::Role::CLIENT: out.role = Role::client; break;
+        default: throw Error("hello: unknown role " + std::to_string(static_cast<int>(h.getRole())));
+      }
+      out.node_rank = h.getNodeRank();
+      out.nodes = h.getNodes();
+      out.nonce = bytes_of(h.getNonce(), "hello nonce");
+      return out;
+    }
+    case w::Envelope::Body::CHALLENGE: {
+      auto c = e.getChallenge();
+      return Challenge{bytes_of(c.getNonce(), "challenge nonce"), bytes_of(c.getProof(), "challenge proof")};
+    }
+    case w::Envelope::Body::AUTHENTICATE: return Authenticate{bytes_of(e.getAuthenticate().getProof(), "proof")};
+    case w::Envelope::Body::WELCOME: return Welcome{e.getWelcome().getNodes()};
+    case w::Envelope::Body::ERROR: return ErrorReply{text_of(e.getError().getMessage(), "error message")};
+    case w::Envelope::Body::JOIN: {
+      auto j = e.getJoin();
+      return Join{j.getNodeRank(), j.getNodes(), text_of(j.getListen(), "listen address"), devices_of(j.getDevices()), j.getPid()};
+    }
+    case w::Envelope::Body::HEARTBEAT: {
+      auto h = e.getHeartbeat();
+      return Heartbeat{h.getSequence(), devices_of(h.getDevices())};
+    }
+    case w::Envelope::Body::STATUS_REQUEST: return StatusRequest{};
+    case w::Envelope::Body::STATUS: {
+      auto s = e.getStatus();
+      ClusterStatus out{s.getNodes(), {}};
+      if (s.getMembers().size() > kMaxMembers) throw Error("a status of " + std::to_string(s.getMembers().size()) + " members is too long");
+      for (auto m : s.getMembers())
+        out.members.push_back({m.getRank(), m.getAlive(), text_of(m.getListen(), "listen address"), m.getPid(),
+                               m.getMsSinceHeartbeat(), m.getHeartbeats(), m.getJoins(), devices_of(m.getDevices())});
+      return out;
+    }
+  }
+  throw Error("unknown message kind " + std::to_string(static_cast<int>(e.which())) + " (this build speaks protocol " +
+              std::to_string(kProtocolVersion) + ")");
+}
+
+}  // namespace
+
+const char* kind_name(const Body& b) {
+  static constexpr const char* names[] = {"hello", "challenge", "authenticate", "welcome", "error",
+                                          "join",  "heartbeat", "status-request", "status"};
+  static_assert(std::size(names) == std::variant_size_v<Body>);
+  return names[b.index()];
+}
+
+Bytes encode_frame(const Envelope& e) {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<w::Envelope>();
+  root.setVersion(e.version);
+  root.setRequestId(e.request_id);
+  root.setDeadlineMs(e.deadline_ms);
+  auto body = root.initBody();
+  std::visit(Overload{
+                 [&](const Hello& h) {
+                   auto o = body.initHello();
+                   o.setRole(h.role == Role::node ? w::Role::NODE : w::Role::CLIENT);
+                   o.setNodeRank(h.node_rank);
+                   o.setNodes(h.nodes);
+                   o.setNonce(data_of(h.nonce));
+                 },
+                 [&](const Challenge& c) {
+                   auto o = body.initChallenge();
+                   o.setNonce(data_of(c.nonce));
+                   o.setProof(data_of(c.proof));
+                 },
+                 [&](const Authenticate& a) { body.initAuthenticate().setProof(data_of(a.proof)); },
+                 [&](const Welcome& v) { body.initWelcome().setNodes(v.nodes); },
+                 [&](const ErrorReply& r) { body.initError().setMessage(r.message); },
+                 [&](const Join& j) {
+                   auto o = body.initJoin();
+                   o.setNodeRank(j.node_rank);
+                   o.setNodes(j.nodes);
+                   o.setListen(j.listen);
+                   o.setPid(j.pid);
+                   put_devices(o.initDevices(static_cast<unsigned>(j.devices.size())), j.devices);
+                 },
+                 [&](const Heartbeat& h) {
+                   auto o = body.initHeartbeat();
+                   o.setSequence(h.sequence);
+                   put_devices(o.initDevices(static_cast<unsigned>(h.devices.size())), h.devices);
+                 },
+                 [&](const StatusRequest&) { body.setStatusRequest(); },
+                 [&](const ClusterStatus& s) {
+                   auto o = body.initStatus();
+                   o.setNodes(s.nodes);
+                   auto l = o.initMembers(static_cast<unsigned>(s.members.size()));
+                   for (unsigned i = 0; i < s.members.size(); ++i) {
+                     const NodeStatus& m = s.members[i];
+                     l[i].setRank(m.rank);
+                     l[i].setAlive(m.alive);
+                     l[i].setListen(m.listen);
+                     l[i].setPid(m.pid);
+                     l[i].setMsSinceHeartbeat(m.ms_since_heartbeat);
+                     l[i].setHeartbeats(m.heartbeats);
+                     l[i].setJoins(m.joins);
+                     put_devices(l[i].initDevices(static_cast<unsigned>(m.devices.size())), m.devices);
+                   }
+                 },
+             },
+             e.body);
+  const kj::Array<capnp::word> flat = capnp::messageToFlatArray(message);
+  const auto bytes = flat.asBytes();
+  const auto n = static_cast<std::uint32_t>(bytes.size());
+  Bytes out(4 + bytes.size());
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<std::uint8_t>(n >> (8 * i));
+  std::memcpy(out.data() + 4, bytes.begin(), bytes.size());
+  return out;
+}
+
+std::uint32_t frame_length(std::span<const std::uint8_t, 4> h, std::uint32_t cap) {
+  const std::uint32_t n = h[0] | (h[1] << 8) | (h[2] << 16) | (static_cast<std::uint32_t>(h[3]) << 24);
+  if (n > cap) throw Error("frame of " + std::to_string(n) + " bytes exceeds the limit of " + std::to_string(cap));
+  if (n == 0 || n % sizeof(capnp::word) != 0)
+    throw Error("frame of " + std::to_string(n) + " bytes is not a Cap'n Proto message (not a whole number of words)");
+  return n;
+}
+
+Envelope decode_body(std::span<const std::uint8_t> body, std::uint32_t cap) {
+  if (body.size() > cap) throw Error("frame of " + std::to_string(body.size()) + " bytes exceeds the limit of " + std::to_string(cap));
+  if (body.empty() || body.size() % sizeof(capnp::word) != 0)
+    throw Error("frame of " + std::to_string(body.size()) + " bytes is not a Cap'n Proto message (not a whole number of words)");
+  // Copy into word-aligned storage: the reader requires it, and the network buffer is not.
+  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(body.size() / sizeof(capnp::word));
+  std::memcpy(words.begin(), body.data(), body.size());
+  capnp::ReaderOptions limits;
+  limits.traversalLimitInWords = 2 * words.size() + 64;  // a message cannot make us read much more than it is
+  limits.nestingLimit = 8;                                // the schema nests 4 deep
+  try {
+    capnp::FlatArrayMessageReader reader(words.asPtr(), limits);
+    const auto e = reader.getRoot<w::Envelope>();
+    Envelope out;
+    out.version = e.getVersion();
+    if (out.version != kProtocolVersion)
+      throw Error("protocol version " + std::to_string(out.version) + " is not supported (this build speaks " +
+                  std::to_string(kProtocolVersion) + ")");
+    out.request_id = e.getRequestId();
+    out.deadline_ms = e.getDeadlineMs();
+    out.body = body_of(e.getBody());
+    return out;
+  } catch (const kj::Exception& ex) {
+    throw Error(std::string("malformed control message: ") + ex.getDescription().cStr());
+  }
+}
+
+}  // namespace nereus::cluster

@@ -1,0 +1,280 @@
+// The control plane's pure parts: frames (round trip, and every way a frame can be bad),
+// HMAC against RFC 4231, the challenge-response, launcher environments, membership.
+// The daemons themselves are tested across processes in test_daemons.py.
+#include <doctest/doctest.h>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <map>
+#include <random>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "control.capnp.h"
+#include "nereus/cluster/auth.hpp"
+#include "nereus/cluster/launch.hpp"
+#include "nereus/cluster/membership.hpp"
+#include "nereus/cluster/messages.hpp"
+#include "test_util.hpp"
+
+using namespace nereus;
+using namespace nereus::cluster;
+using testing::error_of;
+using testing::has;
+
+namespace {
+
+Envelope decode_frame(const Bytes& f) {
+  const std::uint32_t n = frame_length(std::span<const std::uint8_t, 4>(f.data(), 4));
+  REQUIRE(n + 4 == f.size());
+  return decode_body(std::span<const std::uint8_t>(f).subspan(4));
+}
+
+std::string decode_error(const Bytes& body) {
+  return error_of([&] { decode_body(body); });
+}
+
+Bytes flat(capnp::MessageBuilder& m) {
+  const auto words = capnp::messageToFlatArray(m);
+  return Bytes(words.asBytes().begin(), words.asBytes().end());
+}
+
+}  // namespace
+
+TEST_CASE("frames: every message kind survives a round trip") {
+  const std::vector<DeviceInfo> devs = {{0, 1u << 30, 4096, 8192}, {7, 2u << 30, 0, 0}};
+  std::vector<Body> bodies = {
+      Hello{Role::node, 3, 4, Bytes(32, 9)},
+      Challenge{Bytes(32, 1), Bytes(32, 2)},
+      Authenticate{Bytes(32, 3)},
+      Welcome{4},
+      ErrorReply{"wrong token"},
+      Join{2, 4, "127.0.0.1:9000", devs, 1234},
+      Heartbeat{77, devs},
+      StatusRequest{},
+      ClusterStatus{4, {NodeStatus{1, true, "h:1", 5, 12, 99, 2, devs}, NodeStatus{2, false, "h:2", 6, 3000, 1, 1, {}}}},
+  };
+  for (const Body& b : bodies) {
+    CAPTURE(kind_name(b));
+    const Envelope e{kProtocolVersion, 42, 1500, b};
+    const Envelope d = decode_frame(encode_frame(e));
+    CHECK(d.version == kProtocolVersion);
+    CHECK(d.request_id == 42);
+    CHECK(d.deadline_ms == 1500);
+    REQUIRE(d.body.index() == b.index());
+  }
+  const Envelope j = decode_frame(encode_frame({kProtocolVersion, 1, 0, Join{2, 4, "127.0.0.1:9000", devs, 1234}}));
+  const Join& join = std::get<Join>(j.body);
+  CHECK(join.node_rank == 2);
+  CHECK(join.listen == "127.0.0.1:9000");
+  CHECK(join.devices == devs);
+  const Envelope s = decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies.back()}));
+  const auto& st = std::get<ClusterStatus>(s.body);
+  REQUIRE(st.members.size() == 2);
+  CHECK(st.members[0].heartbeats == 99);
+  CHECK(st.members[1].alive == false);
+  CHECK(std::get<Hello>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[0]})).body).role == Role::node);
+}
+
+TEST_CASE("frames: bad input is one clear error, never a crash") {
+  const Bytes good = encode_frame({kProtocolVersion, 1, 0, Heartbeat{1, {{0, 1, 2, 3}}}});
+  const Bytes body(good.begin() + 4, good.end());
+
+  SUBCASE("frame caps and sizes") {
+    const std::uint8_t huge[4] = {0, 0, 0, 0x40};
+    CHECK(has(error_of([&] { frame_length(std::span<const std::uint8_t, 4>(huge, 4)); }), "exceeds the limit"));
+    const std::uint8_t odd[4] = {13, 0, 0, 0};
+    CHECK(has(error_of([&] { frame_length(std::span<const std::uint8_t, 4>(odd, 4)); }), "whole number of words"));
+    const std::uint8_t zero[4] = {0, 0, 0, 0};
+    CHECK(has(error_of([&] { frame_length(std::span<const std::uint8_t, 4>(zero, 4)); }), "not a Cap'n Proto message"));
+    CHECK(has(error_of([&] { decode_body(body, 8); }), "exceeds the limit"));
+  }
+  SUBCASE("truncated") {
+    for (std::size_t n = 8; n < body.size(); n += 8) {
+      CAPTURE(n);
+      CHECK(has(decode_error(Bytes(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(n))), "malformed control message"));
+    }
+  }
+  SUBCASE("garbage: random words") {
+    std::mt19937_64 rng(5);
+    for (int i = 0; i < 2000; ++i) {
+      Bytes junk(8 * (1 + rng() % 16));
+      for (auto& b : junk) b = static_cast<std::uint8_t>(rng());
+      const std::string e = decode_error(junk);
+      // Random words may happen to read as a valid envelope; anything else is an Error.
+      (void)e;
+    }
+    // Flipped bytes of a good frame.
+    for (std::size_t i = 0; i < body.size(); ++i) {
+      Bytes b = body;
+      b[i] ^= 0xff;
+      (void)decode_error(b);
+    }
+  }
+  SUBCASE("unknown protocol version") {
+    capnp::MallocMessageBuilder m;
+    auto e = m.initRoot<wire::Envelope>();
+    e.setVersion(2);
+    e.initBody().setStatusRequest();
+    CHECK(has(decode_error(flat(m)), "protocol version 2 is not supported (this build speaks 1)"));
+  }
+  SUBCASE("unknown message kind (a newer peer's union member)") {
+    capnp::MallocMessageBuilder m;
+    auto e = m.initRoot<wire::Envelope>();
+    e.setVersion(kProtocolVersion);
+    e.initBody().setStatusRequest();
+    Bytes f = flat(m);
+    // After the segment table (8 bytes) and the root pointer (8), the data section holds
+    // version (1), request id and deadline (0) and the union's discriminant: the only
+    // other non-zero 16-bit value. Make it a kind this build does not know.
+    const auto kind = static_cast<std::uint8_t>(wire::Envelope::Body::STATUS_REQUEST);
+    int patched = 0;
+    for (std::size_t i = 16; i < 32; i += 2)
+      if (f[i] == kind && f[i + 1] == 0) f[i] = 200, ++patched;
+    REQUIRE(patched == 1);
+    CHECK(has(decode_error(f), "unknown message kind 200"));
+  }
+  SUBCASE("oversized fields") {
+    const Bytes nonce = encode_frame({kProtocolVersion, 1, 0, Hello{Role::client, 0, 0, Bytes(65, 1)}});
+    CHECK(has(decode_error(Bytes(nonce.begin() + 4, nonce.end())), "hello nonce of 65 bytes is too long"));
+    const Bytes many = encode_frame({kProtocolVersion, 1, 0, Heartbeat{1, std::vector<DeviceInfo>(5000)}});
+    CHECK(has(decode_error(Bytes(many.begin() + 4, many.end())), "5000 devices is too long"));
+  }
+  SUBCASE("a large list within the limits decodes") {
+    capnp::MallocMessageBuilder m;
+    auto e = m.initRoot<wire::Envelope>();
+    e.setVersion(kProtocolVersion);
+    auto hb = e.initBody().initHeartbeat();
+    hb.initDevices(3000);
+    const Bytes f = flat(m);
+    CHECK(decode_error(f).empty());  // 3000 devices is fine and within limits
+  }
+}
+
+TEST_CASE("HMAC-SHA256 matches RFC 4231 and the proofs bind both nonces") {
+  const std::string data = "what do ya want for nothing?";
+  const Bytes mac = hmac_sha256("Jefe", std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(data.data()), data.size()));
+  const Bytes expect = {0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24, 0x26, 0x08, 0x95, 0x75, 0xc7,
+                        0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27, 0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
+  CHECK(mac == expect);
+  const Bytes c = random_nonce(), s = random_nonce();
+  CHECK(c != s);
+  CHECK(c.size() == 32);
+  const std::string token = "0123456789abcdef0123";
+  CHECK(same_proof(server_proof(token, c, s), server_proof(token, c, s)));
+  CHECK_FALSE(same_proof(server_proof(token, c, s), server_proof(token + "x", c, s)));
+  CHECK_FALSE(same_proof(server_proof(token, c, s), server_proof(token, s, c)));
+  CHECK_FALSE(same_proof(server_proof(token, c, s), client_proof(token, c, s)));  // labels differ: no replay
+  CHECK_FALSE(same_proof({}, {}));
+}
+
+TEST_CASE("load_token: file or environment, with clear errors") {
+  const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
+  const std::string f = dir + "/nereus-test-token-" + std::to_string(::getpid());
+  {
+    std::FILE* out = std::fopen(f.c_str(), "w");
+    std::fputs("a-very-secret-token-value\n", out);
+    std::fclose(out);
+  }
+  ::chmod(f.c_str(), 0644);
+  CHECK(has(error_of([&] { load_token(f); }), "readable by others"));
+  ::chmod(f.c_str(), 0600);
+  CHECK(load_token(f) == "a-very-secret-token-value");
+  std::remove(f.c_str());
+  CHECK(has(error_of([&] { load_token(f); }), "does not exist"));
+  ::setenv("NEREUS_TOKEN", "short", 1);
+  CHECK(has(error_of([&] { load_token(""); }), "shorter than 16"));
+  ::setenv("NEREUS_TOKEN", "long-enough-token-from-env", 1);
+  CHECK(load_token("") == "long-enough-token-from-env");
+  ::unsetenv("NEREUS_TOKEN");
+  CHECK(has(error_of([&] { load_token(""); }), "--token-file"));
+}
+
+TEST_CASE("resolve_launch: by hand and under mpirun, srun, torchrun") {
+  using Env = std::map<std::string, std::string>;
+  auto with = [](Env env) {
+    return [env = std::move(env)](const char* k) -> const char* {
+      auto it = env.find(k);
+      return it == env.end() ? nullptr : it->second.c_str();
+    };
+  };
+  LaunchArgs a;
+  a.coordinator_mode = true;
+  a.nodes = 3;
+  a.listen = "127.0.0.1:7000";
+  Launch l = resolve_launch(a, with({}));
+  CHECK(l.coordinator);
+  CHECK(l.node_rank == 0);
+  CHECK(l.coordinator_at.port == 7000);
+
+  LaunchArgs n;
+  n.coordinator = "10.0.0.1:7000";
+  n.node_rank = 2;
+  n.nodes = 3;
+  l = resolve_launch(n, with({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "3"}}));  // arguments win
+  CHECK(l.node_rank == 2);
+  CHECK(l.source == "arguments");
+  CHECK(l.listen.str() == "127.0.0.1:0");
+
+  LaunchArgs c;
+  c.coordinator = "127.0.0.1:7100";
+  l = resolve_launch(c, with({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
+  CHECK(l.source == "mpirun");
+  CHECK(l.coordinator);
+  CHECK(l.nodes == 4);
+  CHECK(l.listen.port == 7100);
+  l = resolve_launch(c, with({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}}));
+  CHECK(l.source == "srun");
+  CHECK_FALSE(l.coordinator);
+  CHECK(l.node_rank == 3);
+  l = resolve_launch({}, with({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}}));
+  CHECK(l.source == "torchrun");
+  CHECK(l.coordinator_at.str() == "127.0.0.1:29500");
+
+  CHECK(has(error_of([&] { resolve_launch({}, with({})); }), "--coordinator-mode"));
+  CHECK(has(error_of([&] { resolve_launch({}, with({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})); }),
+            "pass --coordinator"));
+  CHECK(has(error_of([&] { resolve_launch(c, with({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}})); }), "not an integer"));
+  CHECK(has(error_of([&] { resolve_launch(c, with({{"RANK", "5"}, {"WORLD_SIZE", "2"}})); }), "outside 0..1"));
+  LaunchArgs wrong = c;
+  wrong.nodes = 8;
+  CHECK(has(error_of([&] { resolve_launch(wrong, with({{"RANK", "0"}, {"WORLD_SIZE", "2"}})); }), "--nodes 8 but torchrun started 2"));
+  LaunchArgs bad_port = n;
+  bad_port.coordinator = "host:99999";
+  CHECK(has(error_of([&] { resolve_launch(bad_port, with({})); }), "not in 0..65535"));
+  LaunchArgs no_port = n;
+  no_port.coordinator = "host";
+  CHECK(has(error_of([&] { resolve_launch(no_port, with({})); }), "HOST:PORT"));
+  LaunchArgs no_listen;
+  no_listen.coordinator_mode = true;
+  no_listen.nodes = 2;
+  CHECK(has(error_of([&] { resolve_launch(no_listen, with({})); }), "needs --listen"));
+}
+
+TEST_CASE("membership: join, heartbeats, loss by silence or by end of stream, rejoin") {
+  using namespace std::chrono;
+  Membership m(3, milliseconds(1500));
+  const auto t0 = steady_clock::now();
+  const std::uint64_t s0 = m.join({0, 3, "a:1", {}, 10}, t0);
+  const std::uint64_t s1 = m.join({1, 3, "a:2", {}, 11}, t0);
+  CHECK(m.alive() == 2);
+  CHECK(has(error_of([&] { m.join({1, 3, "a:9", {}, 99}, t0); }), "already joined (pid 11)"));
+  CHECK(has(error_of([&] { m.join({5, 3, "a:9", {}, 99}, t0); }), "outside 0..2"));
+  CHECK(has(error_of([&] { m.join({2, 4, "a:9", {}, 99}, t0); }), "expects 4 nodes, the coordinator 3"));
+  CHECK(m.heartbeat(0, s0, {}, t0 + milliseconds(1000)));
+  CHECK(m.sweep(t0 + milliseconds(1600)) == std::vector<int>{1});  // silent since t0
+  CHECK(m.alive() == 1);
+  CHECK(has(m.last_loss(1), "no heartbeat for 1500 ms"));
+  CHECK_FALSE(m.heartbeat(1, s1, {}, t0 + milliseconds(1700)));  // a lost session stays lost
+  const std::uint64_t s1b = m.join({1, 3, "a:2", {}, 12}, t0 + milliseconds(1800));
+  CHECK(s1b != s1);
+  CHECK_FALSE(m.lost(1, s1, "old connection closed"));  // the old session cannot unseat the new one
+  const ClusterStatus st = m.status(t0 + milliseconds(1900));
+  REQUIRE(st.members.size() == 2);
+  CHECK(st.members[1].joins == 2);
+  CHECK(st.members[1].pid == 12);
+  CHECK(st.members[1].alive);
+  CHECK(m.lost(1, s1b, "connection closed"));
+  CHECK(m.alive() == 1);
+}
