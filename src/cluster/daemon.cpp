@@ -9,7 +9,9 @@
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <list>
 #include <vector>
 
 #include "nereus/cluster/auth.hpp"
@@ -50,7 +52,9 @@ struct Daemon::State {
   std::uint64_t self_session = 0;
   std::vector<std::unique_ptr<HostDevice>> devices;
   Metrics metrics;
-  int pending = 0;
+  // Connections still in the handshake, oldest first: at max_pending the oldest is cut
+  // off, so a flood of silent connections cannot lock out a client that authenticates.
+  std::list<Channel*> handshaking;
   bool stopping = false;
   std::string fatal;
   asio::steady_timer stopped{io};
@@ -116,11 +120,10 @@ struct Daemon::State {
         continue;
       }
       ++metrics.connections_accepted;
-      if (pending >= o.max_pending) {
-        ++metrics.dropped["busy"];
-        boost::system::error_code ignored;
-        sock.close(ignored);
-        continue;
+      if (static_cast<int>(handshaking.size()) >= o.max_pending) {
+        ++metrics.dropped["evicted"];
+        handshaking.front()->close();  // its session ends on the closed socket
+        handshaking.pop_front();
       }
       scope.spawn(session(std::move(sock)));
     }
@@ -139,14 +142,23 @@ struct Daemon::State {
     Channel ch(std::move(sock), o.frame_cap);
     ch.set_peer(ec ? std::string("?") : remote.address().to_string() + ":" + std::to_string(remote.port()));
     Hello hello;
-    ++pending;
+    handshaking.push_back(&ch);
+    // Leaves the handshaking list; false when the accept loop already evicted us.
+    auto leave = [&] {
+      auto it = std::find(handshaking.begin(), handshaking.end(), &ch);
+      if (it == handshaking.end()) return false;
+      handshaking.erase(it);
+      return true;
+    };
     try {
       hello = co_await authenticate_as_server(ch, o.token, o.launch.nodes, o.handshake_limit);
-      --pending;
+      if (!leave()) throw Error("evicted");
     } catch (const std::exception& e) {
-      --pending;
+      const bool evicted = !leave();
       const std::string what = e.what();
-      if (what.find("wrong token") != std::string::npos) {
+      if (evicted) {
+        // counted by the accept loop
+      } else if (what.find("wrong token") != std::string::npos) {
         ++metrics.auth_failures;
         log("refused {}: wrong token", ch.peer());
       } else {

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""nereusd across real processes on loopback: three daemons join, a wrong token and hostile
+clients are refused while the coordinator keeps serving, a SIGKILLed node is detected within
+3 s and can rejoin, the metrics endpoint, launch under mpirun.
+
+  test_daemons.py BUILD_DIR/src
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import check, finish  # noqa: E402
+
+BIN = sys.argv[1]
+NEREUSD = os.path.join(BIN, "nereusd")
+NEREUS = os.path.join(BIN, "nereus")
+work = tempfile.mkdtemp(prefix="nereus-daemons-")
+procs = []
+
+
+def token_file(name, secret):
+    path = os.path.join(work, name)
+    with open(path, "w") as f:
+        f.write(secret + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+TOKEN = token_file("token", "s3cret-token-for-the-daemon-tests")
+BAD = token_file("bad", "another-token-that-is-not-right")
+
+
+class Daemon:
+    def __init__(self, *args, name):
+        self.log_path = os.path.join(work, name + ".log")
+        self.log = open(self.log_path, "w+")
+        self.p = subprocess.Popen([NEREUSD, "--token-file", TOKEN, "--handshake-ms", "1000", *args],
+                                  stdout=subprocess.DEVNULL, stderr=self.log)
+        procs.append(self.p)
+
+    def text(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def wait_for(self, pattern, timeout=10):
+        end = time.time() + timeout
+        while time.time() < end:
+            m = re.search(pattern, self.text())
+            if m:
+                return m
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        return None
+
+
+def status(coord, token=TOKEN, timeout_ms=3000):
+    r = subprocess.run([NEREUS, "cluster", "status", "--coordinator", coord, "--token-file", token, "--json",
+                        "--timeout-ms", str(timeout_ms)], capture_output=True, text=True, timeout=30)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 and r.stdout else {}), r.stderr
+
+
+def wait_status(coord, cond, timeout=10):
+    end = time.time() + timeout
+    j = {}
+    while time.time() < end:
+        rc, j, _ = status(coord)
+        if rc == 0 and cond(j):
+            return j
+        time.sleep(0.05)
+    return None
+
+
+def member(j, rank):
+    return next((m for m in j.get("members", []) if m["rank"] == rank), {})
+
+
+def http_get(addr, path):
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data.decode()
+
+
+def closed_by_peer(s, timeout):
+    """True when the server closes the connection within timeout seconds."""
+    s.settimeout(timeout)
+    try:
+        while True:
+            if not s.recv(4096):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+try:
+    coord = Daemon("--coordinator-mode", "--nodes", "3", "--listen", "127.0.0.1:0", "--devices", "host:2:64MiB",
+                   "--metrics", "127.0.0.1:0", name="coordinator")
+    m = coord.wait_for(r"listening on (127\.0\.0\.1:\d+), metrics on (127\.0\.0\.1:\d+)")
+    check(m is not None, f"coordinator starts and prints its addresses ({coord.text()[-300:]})")
+    if m is None:
+        raise SystemExit(finish("daemons"))
+    addr, metrics = m.group(1), m.group(2)
+    nodes = {r: Daemon("--coordinator", addr, "--node-rank", str(r), "--nodes", "3", "--devices", "host:2:64MiB",
+                       name=f"node{r}") for r in (1, 2)}
+    j = wait_status(addr, lambda j: j.get("alive") == 3)
+    check(j is not None, "three daemons joined: 3 of 3 alive")
+    if j:
+        ids = sorted(d["id"] for m_ in j["members"] for d in m_["devices"])
+        check(ids == [0, 1, 2, 3, 4, 5], f"global device ids run node by node ({ids})")
+
+    # Authentication.
+    rc, _, err = status(addr, token=BAD)
+    check(rc == 1 and ("could not prove" in err or "wrong token" in err), f"a wrong token is refused ({err.strip()})")
+    check(coord.wait_for(r"refused 127\.0\.0\.1:\d+: wrong token", 5) is not None, "the coordinator logs the wrong token")
+    env = dict(os.environ)
+    env.pop("NEREUS_TOKEN", None)
+    r = subprocess.run([NEREUS, "cluster", "status", "--coordinator", addr], capture_output=True, text=True, env=env)
+    check(r.returncode == 1 and "--token-file" in r.stderr, f"no token: one clear error ({r.stderr.strip()})")
+    env["NEREUS_TOKEN"] = "s3cret-token-for-the-daemon-tests"
+    r = subprocess.run([NEREUS, "cluster", "status", "--coordinator", addr, "--json"], capture_output=True, text=True, env=env)
+    check(r.returncode == 0 and json.loads(r.stdout or "{}").get("alive") == 3, "the token from NEREUS_TOKEN works")
+    bad_node = subprocess.run([NEREUSD, "--token-file", BAD, "--coordinator", addr, "--node-rank", "2", "--nodes", "3"],
+                              capture_output=True, text=True, timeout=30)
+    check(bad_node.returncode == 1 and "prove" in bad_node.stderr, f"a node with the wrong token does not join ({bad_node.stderr.strip()[-200:]})")
+    dup = subprocess.run([NEREUSD, "--token-file", TOKEN, "--coordinator", addr, "--node-rank", "1", "--nodes", "3"],
+                         capture_output=True, text=True, timeout=30)
+    check(dup.returncode == 1 and "already joined" in dup.stderr, f"a second node 1 is refused ({dup.stderr.strip()[-200:]})")
+    wrong_n = subprocess.run([NEREUSD, "--token-file", TOKEN, "--coordinator", addr, "--node-rank", "1", "--nodes", "4"],
+                             capture_output=True, text=True, timeout=30)
+    check(wrong_n.returncode == 1 and "expects 4 nodes" in wrong_n.stderr, f"a node that expects another node count is refused ({wrong_n.stderr.strip()[-200:]})")
+
+    # Hostile clients: the coordinator drops each and keeps serving.
+    host, port = addr.rsplit(":", 1)
+    port = int(port)
+    garbage = socket.create_connection((host, port))
+    garbage.sendall(os.urandom(64))
+    huge = socket.create_connection((host, port))
+    huge.sendall(struct.pack("<I", 0xFFFFFFF0) + b"x" * 16)
+    odd = socket.create_connection((host, port))
+    odd.sendall(struct.pack("<I", 13) + b"y" * 13)
+    truncated = socket.create_connection((host, port))
+    truncated.sendall(struct.pack("<I", 4096) + b"z" * 100)
+    slow = socket.create_connection((host, port))
+    slow.sendall(b"\x10")  # one byte of a header, then nothing
+    idle = socket.create_connection((host, port))  # says nothing at all
+    rc, j, err = status(addr)
+    check(rc == 0 and j.get("alive") == 3, f"served while hostile clients are connected ({err.strip()})")
+    check(closed_by_peer(garbage, 5), "garbage: dropped")
+    check(closed_by_peer(huge, 5), "a frame over the cap: dropped")
+    check(closed_by_peer(odd, 5), "a frame that is not whole words: dropped")
+    check(closed_by_peer(truncated, 5), "a truncated frame: dropped within the handshake limit")
+    check(closed_by_peer(slow, 5), "slowloris: dropped within the handshake limit")
+    check(closed_by_peer(idle, 5), "a silent connection: dropped within the handshake limit")
+    truncated.close()
+    flood = [socket.create_connection((host, port)) for _ in range(80)]  # more than max_pending
+    rc, j, err = status(addr, timeout_ms=5000)
+    for s in flood:
+        s.close()
+    check(rc == 0, f"served during a connection flood ({err.strip()})")
+    for s in (garbage, huge, odd, slow, idle):
+        s.close()
+    check(coord.p.poll() is None, "the coordinator is still running")
+
+    # Metrics.
+    text = http_get(metrics, "/metrics")
+    check(text.startswith("HTTP/1.0 200") and 'nereus_nodes{state="alive"} 3' in text, "metrics: 3 nodes alive")
+    mm = re.search(r'nereus_auth_failures_total\{node="0"\} (\d+)', text)
+    check(mm is not None and int(mm.group(1)) >= 1, "metrics: the wrong token counted")
+    mm = re.search(r"nereus_heartbeats_received_total (\d+)", text)
+    check(mm is not None and int(mm.group(1)) > 0, "metrics: heartbeats counted")
+    check('nereus_device_memory_capacity_bytes{node="0",device="1"} 67108864' in text, "metrics: device capacity")
+    check(re.search(r'nereus_connections_dropped_total\{node="0",reason="\w+"\} \d+', text) is not None, "metrics: drops by reason")
+    check(http_get(metrics, "/other").startswith("HTTP/1.0 404"), "metrics: other paths 404")
+
+    # A node killed with SIGKILL: lost within 3 s; restarted, it rejoins.
+    victim = nodes[2].p
+    t0 = time.time()
+    victim.kill()
+    j = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=10)
+    lost_after = time.time() - t0
+    check(j is not None and lost_after <= 3, f"SIGKILLed node 2 lost after {lost_after:.2f} s (target <= 3 s)")
+    check(j is not None and member(j, 1).get("alive") and member(j, 0).get("alive"), "the other nodes stay alive")
+    nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:64MiB", name="node2b")
+    j = wait_status(addr, lambda j: member(j, 2).get("alive") and member(j, 2).get("joins") == 2)
+    check(j is not None, "a restarted node 2 rejoins (joins = 2)")
+
+    # A node that stops heartbeating (SIGSTOP: its socket stays open) is lost by silence.
+    nodes[1].p.send_signal(signal.SIGSTOP)
+    t0 = time.time()
+    j = wait_status(addr, lambda j: not member(j, 1).get("alive", True), timeout=10)
+    silent_after = time.time() - t0
+    check(j is not None and silent_after <= 3, f"a frozen node 1 lost by silence after {silent_after:.2f} s")
+    nodes[1].p.send_signal(signal.SIGCONT)
+    j = wait_status(addr, lambda j: member(j, 1).get("alive"), timeout=10)
+    check(j is not None and member(j, 1).get("joins") == 2, "the thawed node 1 notices and rejoins")
+
+    # Orderly stop.
+    for d in [nodes[1], nodes[2], coord]:
+        d.p.send_signal(signal.SIGTERM)
+    for d in [nodes[1], nodes[2], coord]:
+        try:
+            rc = d.p.wait(10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        check(rc == 0 and "stopped" in d.text(), f"SIGTERM stops {d.log_path} with exit 0 (rc={rc})")
+
+    # Bad command lines.
+    for args, want in [(["--coordinator-mode", "--nodes", "2"], "needs --listen"),
+                       (["--node-rank", "1", "--nodes", "2"], "needs --coordinator"),
+                       (["--coordinator-mode", "--nodes", "2", "--listen", "127.0.0.1:0", "--devices", "gpu:2"], "--devices"),
+                       (["--coordinator-mode", "--nodes", "2", "--listen", "nohost"], "HOST:PORT")]:
+        r = subprocess.run([NEREUSD, "--token-file", TOKEN, *args], capture_output=True, text=True, timeout=30)
+        check(r.returncode != 0 and want in r.stderr, f"nereusd {' '.join(args)}: clear error ({r.stderr.strip()[-200:]})")
+    loose = token_file("loose", "a-token-anyone-can-read-here")
+    os.chmod(loose, 0o644)
+    r = subprocess.run([NEREUSD, "--token-file", loose, "--coordinator-mode", "--nodes", "1", "--listen", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode == 1 and "readable by others" in r.stderr, "a token file others can read is refused")
+
+    # Under mpirun: rank 0 becomes the coordinator at --coordinator, the others join it.
+    mpirun = shutil.which("mpirun")
+    if mpirun:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        at = f"127.0.0.1:{free}"
+        log = open(os.path.join(work, "mpirun.log"), "w+")
+        mp = subprocess.Popen([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", "--mca", "btl", "self,tcp",
+                               NEREUSD, "--token-file", TOKEN, "--coordinator", at, "--devices", "host:1:16MiB"],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(mp)
+        j = wait_status(at, lambda j: j.get("alive") == 3, timeout=30)
+        log.seek(0)
+        text = log.read()
+        check(j is not None and "from mpirun" in text, f"mpirun -np 3: three daemons joined ({text[-400:]})")
+        os.killpg(mp.pid, signal.SIGTERM)
+        try:
+            mp.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(mp.pid, signal.SIGKILL)
+    else:
+        print("mpirun not found: skipping the mpirun launch (scripts/setup.sh installs openmpi-bin)")
+finally:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except ProcessLookupError:
+                pass
+            p.wait()
+    shutil.rmtree(work, ignore_errors=True)
+
+finish("daemons")
