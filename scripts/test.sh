@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite twice: once as built
-# for users, once under AddressSanitizer + UndefinedBehaviorSanitizer.
+# for users, once under AddressSanitizer + UndefinedBehaviorSanitizer; then each fuzz
+# target for a few seconds (NEREUS_FUZZ_SECONDS, default 10).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -29,6 +30,16 @@ run_suite() {  # DIR, then meson setup options
 run_suite build
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+
+# Each fuzz target briefly (scripts/fuzz.sh SECONDS runs them longer by hand).
+echo "== fuzz build-fuzz"
+fuzz_log=$(mktemp)
+bash scripts/fuzz.sh "${NEREUS_FUZZ_SECONDS:-10}" 2>&1 | tee "$fuzz_log"
+fuzz_ok=$(awk '/^fuzz: [0-9]+ passed/ {print $2}' "$fuzz_log" | tail -1)
+fuzz_fail=$(awk '/^fuzz: [0-9]+ passed/ {print $4}' "$fuzz_log" | tail -1)
+passed=$((passed + ${fuzz_ok:-0}))
+failed=$((failed + ${fuzz_fail:-1}))
+rm -f "$fuzz_log"
 
 echo "test.sh: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -196,6 +196,13 @@ with tempfile.TemporaryDirectory() as d:
     with open(trace, "w") as f:
         f.write('{"step": 0, "gpus": 8, "response_len_mean": 100}\n{"step": 1, "gpus": "many", "response_len_mean": 100}\n')
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace], "line 2: field 'gpus'")
+    # Found by the trace fuzzer: huge numbers are errors, not undefined behaviour.
+    for line, want in [('{"step": 5.5e124, "gpus": 8, "response_len_mean": 100}', "field 'step' must be a non-negative integer"),
+                       ('{"step": 0, "gpus": 8e300, "response_len_mean": 100}', "field 'gpus' must be a positive integer"),
+                       ('{"step": 0, "gpus": 8, "response_len_mean": 8e888}', "line 1: not a JSON object")]:
+        with open(trace, "w") as f:
+            f.write(line + "\n")
+        expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace], want)
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace, "--policy", "every:x"],
                  "every:x")
 

@@ -120,6 +120,8 @@ TEST_CASE("layout specs parse and their errors name key and value") {
   CHECK(has(err("tp=2,zz=1"), "unknown key 'zz'"));
   CHECK(has(err("tp=2,tp=4"), "given twice"));
   CHECK(has(err("tp2"), "not key=value"));
+  CHECK(has(err("tp=233020196,pp=19"), "too many"));  // found by the layout fuzzer: tp·pp overflowed int
+  CHECK(has(err("tp=2147483647,pp=2147483647,dp=2147483647"), "too many"));
   const auto m = load_model("llama-3.1-8b")->config();
   CHECK(has(error_of([&] { validate_layout(m, Layout{3, 1, {}, Packing::hf}); }), "tp=3"));
   CHECK(has(error_of([&] { validate_layout(m, Layout{1, 40, {}, Packing::hf}); }), "pp=40"));
@@ -127,6 +129,11 @@ TEST_CASE("layout specs parse and their errors name key and value") {
   CHECK(error_of([&] { validate_layout(m, Layout{16, 1, {}, Packing::hf}); }).empty());  // kv heads replicated
   CHECK(has(error_of([&] { validate_layout(load_model("qwen2.5-0.5b")->config(), Layout{7, 1, {}, Packing::hf}); }),
             "num_key_value_heads=2"));
+}
+
+TEST_CASE("JSON inputs with numbers out of range are one clear error (found by fuzzing)") {
+  CHECK(has(error_of([] { parse_cluster(R"({"nodes": 6E6868})", "c.json"); }), "c.json: not valid JSON"));
+  CHECK(has(error_of([] { parse_job(R"({"prompts_per_step": 1e999})", "j.json"); }), "j.json: not valid JSON"));
 }
 
 TEST_CASE("collections reject repeated, negative and out-of-range devices") {

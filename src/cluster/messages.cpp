@@ -27,6 +27,8 @@ template <class... F>
 struct Overload : F... {
   using F::operator()...;
 };
+template <class... F>
+Overload(F...) -> Overload<F...>;  // clang 14 does not deduce aggregates by itself
 
 capnp::Data::Reader data_of(const Bytes& b) { return {b.data(), b.size()}; }
 

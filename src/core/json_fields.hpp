@@ -15,7 +15,7 @@ using json = nlohmann::json;
 inline json parse_json(std::string_view text, std::string_view origin) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers out of range (found by fuzzing)
     throw Error(std::string(origin) + ": not valid JSON (" + e.what() + ")");
   }
 }

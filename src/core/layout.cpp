@@ -151,8 +151,12 @@ CollectionSpec parse_collection_spec(std::string_view spec) {
   if (!out.layout.partition.empty() && static_cast<int>(out.layout.partition.size()) != out.layout.pp)
     throw Error("layout spec: partition= has " + std::to_string(out.layout.partition.size()) +
                 " stages but pp=" + std::to_string(out.layout.pp));
-  const std::int64_t need = static_cast<std::int64_t>(out.layout.size()) * out.dp;
-  if (need > (1 << 22)) throw Error("layout spec: tp·pp·dp = " + std::to_string(need) + " devices is too many");
+  // Each degree is at most 2^31 - 1, so checking tp·pp first keeps every product in range
+  // (found by the layout fuzzer).
+  constexpr std::int64_t kMaxDevices = 1 << 22;
+  const std::int64_t unit = static_cast<std::int64_t>(out.layout.tp) * out.layout.pp;
+  const std::int64_t need = unit > kMaxDevices ? unit : unit * out.dp;
+  if (need > kMaxDevices) throw Error("layout spec: tp·pp·dp = " + std::to_string(unit) + "·" + std::to_string(out.dp) + " devices is too many");
   if (have_devices) {
     if (static_cast<std::int64_t>(out.devices.size()) != need)
       throw Error("layout spec: devices= lists " + std::to_string(out.devices.size()) +

@@ -20,7 +20,7 @@ std::vector<TraceStep> parse_trace(std::string_view text, std::string_view origi
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(raw);
-    } catch (const nlohmann::json::parse_error&) {
+    } catch (const nlohmann::json::exception&) {  // also numbers out of range (found by fuzzing)
       throw Error(where + ": not a JSON object");
     }
     if (!j.is_object()) throw Error(where + ": not a JSON object");
@@ -34,9 +34,12 @@ std::vector<TraceStep> parse_trace(std::string_view text, std::string_view origi
       return it->get<double>();
     };
     TraceStep s;
-    s.step = static_cast<long>(number("step", true, 0));
+    const double step = number("step", true, 0);
+    if (!(step >= 0 && step < 1e15) || step != static_cast<double>(static_cast<long>(step)))
+      throw Error(where + ": field 'step' must be a non-negative integer");
+    s.step = static_cast<long>(step);
     const double gpus = number("gpus", true, 0);
-    if (gpus < 1 || gpus != static_cast<int>(gpus)) throw Error(where + ": field 'gpus' must be a positive integer");
+    if (!(gpus >= 1 && gpus <= 1e7) || gpus != static_cast<int>(gpus)) throw Error(where + ": field 'gpus' must be a positive integer");
     s.gpus = static_cast<int>(gpus);
     s.response_len_mean = number("response_len_mean", true, 0);
     s.response_len_p95 = number("response_len_p95", false, s.response_len_mean);

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan + coverage) and runs each for
+# SECONDS (default 10; CI runs this briefly, run it longer by hand), starting from seeds
+# made of the presets, the examples and fuzz/seeds/. A finding (crash, leak, sanitizer
+# report, an exception other than nereus::Error, a hang) fails the run and leaves the input
+# in build-fuzz/findings/.
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     targets: frame layout model cluster job trace
+set -uo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(frame layout model cluster job trace)
+dir=build-fuzz
+if ! command -v clang++ >/dev/null; then
+  echo "fuzz: clang++ not found (Debian packages clang and libclang-rt-dev)"
+  exit 1
+fi
+if [ ! -f "$dir/build.ninja" ]; then
+  CC=clang CXX=clang++ meson setup "$dir" -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dbuildtype=debugoptimized -Ducx=disabled >/dev/null || exit 1
+fi
+ninja -C "$dir" $(for t in "${targets[@]}"; do echo "fuzz/fuzz_$t"; done) >/dev/null || { echo "fuzz: build failed"; exit 1; }
+
+seeds() {  # TARGET DIR: fill DIR with the target's seeds
+  local t=$1 d=$2
+  case $t in
+    frame) cp fuzz/seeds/frame/*.bin "$d"/ ;;
+    layout) local i=0; while IFS= read -r line; do printf '%s' "$line" >"$d/$i"; i=$((i + 1)); done <fuzz/seeds/layout.txt ;;
+    model) cp presets/models/*.json "$d"/ ;;
+    cluster) cp presets/clusters/*.json "$d"/ ;;
+    job) cp presets/jobs/*.json examples/plans/*.json "$d"/ ;;
+    trace) head -n 20 examples/traces/growth-1024gpu.jsonl >"$d/growth"; printf '{"step": 0, "gpus": 8, "response_len_mean": 100, "link_slowdown": 1.5}\n' >"$d/one" ;;
+  esac
+}
+
+passed=0
+failed=0
+mkdir -p "$dir/findings"
+for t in "${targets[@]}"; do
+  corpus=$(mktemp -d)
+  seeds "$t" "$corpus"
+  log="$dir/fuzz_$t.log"
+  if ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    "$dir/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+    -print_final_stats=1 -artifact_prefix="$dir/findings/$t-" "$corpus" >"$log" 2>&1; then
+    echo "fuzz $t: ok, $(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}') inputs in ${secs}s \
+($(grep -c . <(ls "$corpus")) in the corpus)"
+    passed=$((passed + 1))
+  else
+    echo "fuzz $t: FINDING (log $log, input in $dir/findings/)"
+    tail -n 30 "$log"
+    failed=$((failed + 1))
+  fi
+  rm -rf "$corpus"
+done
+echo "fuzz: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
