@@ -1,0 +1,92 @@
+#pragma once
+// One process's part of a transition run across processes: the units on its devices
+// (filled with the verification fill), the local and UCX transports and an executor.
+// Driven by a control channel — the bench's worker processes (CBOR over a Unix socket)
+// and nereusd (Cap'n Proto over TCP) — through the same steps: tell the peers what to
+// reach (PeerInfo), connect to theirs, run, verify, dump.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "nereus/runtime/async_scope.hpp"
+#include "nereus/runtime/executor.hpp"
+#include "nereus/runtime/unit_store.hpp"
+#include "nereus/transport/local.hpp"
+#include "nereus/transport/ucx.hpp"
+#include "transition_bench.hpp"
+
+namespace nereus::bench {
+
+/// What peers need to pull from this process: its UCX address, the remote keys of its
+/// device arenas, and where its source buffers live.
+struct PeerInfo {
+  PeerId rank = 0;
+  std::vector<std::byte> address;
+  struct Region {
+    DeviceId device;
+    std::vector<std::byte> key;
+  };
+  std::vector<Region> regions;
+  struct Buffer {
+    std::uint32_t side;
+    DeviceId device;
+    TensorId buffer;
+    Slot slot;
+    std::uint64_t address, bytes;
+  };
+  std::vector<Buffer> buffers;
+};
+
+struct RunResult {
+  bool ok = false;
+  std::string error;
+  ExecutionReport report;
+};
+
+class Participant {
+ public:
+  /// `mine`: the devices this process owns; `owner`: which process owns any device.
+  Participant(asio::io_context& io, const TransitionConfig& c, const Prepared& p, std::vector<DeviceId> mine, PeerId self,
+              std::function<PeerId(DeviceId)> owner);
+  ~Participant();
+
+  /// Allocates the units (throws Error when a device cap is too small), fills the sources
+  /// and registers the arenas with UCX.
+  PeerInfo start();
+  /// Connects to every other peer and binds the transition.
+  void connect(const std::vector<PeerInfo>& peers);
+  /// Starts one run in the background; `done` is called with its outcome.
+  void run(std::function<asio::awaitable<void>(RunResult)> done);
+  /// Cancels a running run and waits up to `limit` for it; false when a transfer would not
+  /// stop (UCX gets cannot always be cancelled; they only write destination buffers).
+  asio::awaitable<bool> abort(std::chrono::milliseconds limit);
+  /// Waits for a started run (unless abort() gave up on it).
+  asio::awaitable<void> settle();
+  FillCheck verify_sources() const;
+  FillCheck verify_targets() const;
+  nlohmann::json dump(const std::string& dir) const;
+  /// Deregisters memory and closes UCX; false when a run is stuck (the caller should not
+  /// free the arenas under it).
+  asio::awaitable<bool> finish(std::chrono::milliseconds limit);
+
+ private:
+  asio::io_context& io_;
+  const TransitionConfig& c_;
+  const Prepared& p_;
+  std::vector<DeviceId> mine_;
+  PeerId self_;
+  std::function<PeerId(DeviceId)> owner_;
+  UnitStore store_;
+  LocalTransport local_;
+  UcxTransport ucx_;
+  std::vector<Registration> regs_;
+  std::unique_ptr<Executor> ex_;
+  std::unique_ptr<BoundTransition> bound_;
+  AsyncScope scope_;
+  bool stuck_ = false;
+};
+
+}  // namespace nereus::bench
