@@ -13,32 +13,13 @@
 
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/executor.hpp"
+#include "nereus/runtime/peer_info.hpp"
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/ucx.hpp"
 #include "transition_bench.hpp"
 
 namespace nereus::bench {
-
-/// What peers need to pull from this process: its UCX address, the remote keys of its
-/// device arenas, and where its source buffers live.
-struct PeerInfo {
-  PeerId rank = 0;
-  std::vector<std::byte> address;
-  struct Region {
-    DeviceId device;
-    std::vector<std::byte> key;
-  };
-  std::vector<Region> regions;
-  struct Buffer {
-    std::uint32_t side;
-    DeviceId device;
-    TensorId buffer;
-    Slot slot;
-    std::uint64_t address, bytes;
-  };
-  std::vector<Buffer> buffers;
-};
 
 struct RunResult {
   bool ok = false;

@@ -12,7 +12,19 @@ namespace nereus::cluster {
 
 asio::awaitable<void> Channel::send(const Envelope& e) {
   const Bytes frame = encode_frame(e);
+  if (writing_) {  // wait in line; the sender before us hands the turn over
+    auto turn = std::make_shared<asio::steady_timer>(socket_.get_executor(), asio::steady_timer::time_point::max());
+    waiting_.push_back(turn);
+    co_await turn->async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+  writing_ = true;
   auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(frame), asio::as_tuple(asio::use_awaitable));
+  if (waiting_.empty()) {
+    writing_ = false;
+  } else {
+    waiting_.front()->cancel();
+    waiting_.pop_front();
+  }
   if (ec) throw Error("sending " + std::string(kind_name(e.body)) + " to " + peer_ + " failed: " + ec.message());
 }
 

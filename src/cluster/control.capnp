@@ -26,7 +26,87 @@ struct Envelope {
     heartbeat @9 :Heartbeat;
     statusRequest @10 :Void;
     status @11 :ClusterStatus;
+    # A transition across the daemons (nereus bench transition --daemons): the client asks
+    # the coordinator, which drives every node through prepare -> ready -> peers ->
+    # connected -> run -> done (x repeat) -> verify -> dump -> finish, and answers with the
+    # bench's JSON report.
+    transitionRequest @12 :TransitionSpec;
+    transitionResult @13 :Text;
+    prepare @14 :Prepare;
+    ready @15 :PeerInfo;
+    peers @16 :List(PeerInfo);
+    connected @17 :Void;
+    run @18 :UInt32;          # iteration
+    done @19 :RunDone;
+    failed @20 :Text;
+    abort @21 :Void;
+    aborted @22 :Bool;        # true: a transfer would not stop
+    verify @23 :Bool;         # sources only
+    verified @24 :Verified;
+    dump @25 :Text;           # directory
+    dumped @26 :List(Text);   # manifest entries, each a JSON object
+    finish @27 :Void;
+    finished @28 :Void;
   }
+}
+
+struct TransitionSpec {
+  model @0 :Text;
+  from @1 :Text;
+  to @2 :Text;
+  train @3 :Bool;
+  sync @4 :Bool;
+  repeat @5 :Int32;
+  verify @6 :Bool;
+  dumpDir @7 :Text;
+  capacity @8 :Text;
+  copyThreads @9 :UInt32;
+  perLink @10 :UInt32;
+  chunkBytes @11 :UInt64;
+  gpusPerNode @12 :Int32;
+  timeoutSeconds @13 :Float64;
+  killNode @14 :Int32;      # fault injection: this node's daemon dies 3 ms into the first run; -1: none
+}
+
+struct Prepare {
+  spec @0 :TransitionSpec;
+  devicesPerNode @1 :Int32;
+}
+
+struct Region {
+  device @0 :UInt32;
+  key @1 :Data;
+}
+
+struct SourceBuffer {
+  side @0 :UInt32;
+  device @1 :UInt32;
+  buffer @2 :UInt32;
+  slot @3 :UInt8;
+  address @4 :UInt64;
+  bytes @5 :UInt64;
+}
+
+struct PeerInfo {
+  rank @0 :Int32;
+  address @1 :Data;
+  regions @2 :List(Region);
+  buffers @3 :List(SourceBuffer);
+}
+
+struct RunDone {
+  seconds @0 :Float64;
+  linkBytes @1 :UInt64;
+  localBytes @2 :UInt64;
+  transfers @3 :UInt64;
+  commits @4 :UInt64;
+}
+
+struct Verified {
+  sourcesOk @0 :Bool;
+  targetsOk @1 :Bool;
+  bytes @2 :UInt64;
+  error @3 :Text;
 }
 
 enum Role {

@@ -139,7 +139,7 @@ struct Daemon::State {
     boost::system::error_code ec;
     const auto remote = sock.remote_endpoint(ec);
     sock.set_option(tcp::no_delay(true), ec);
-    Channel ch(std::move(sock), o.frame_cap);
+    Channel ch(std::move(sock), kHandshakeFrameCap);  // small until the peer proves the token
     ch.set_peer(ec ? std::string("?") : remote.address().to_string() + ":" + std::to_string(remote.port()));
     Hello hello;
     handshaking.push_back(&ch);
@@ -153,6 +153,7 @@ struct Daemon::State {
     try {
       hello = co_await authenticate_as_server(ch, o.token, o.launch.nodes, o.handshake_limit);
       if (!leave()) throw Error("evicted");
+      ch.set_frame_cap(o.frame_cap);
     } catch (const std::exception& e) {
       const bool evicted = !leave();
       const std::string what = e.what();

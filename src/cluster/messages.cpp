@@ -22,6 +22,10 @@ constexpr std::size_t kMaxNonce = 64;
 constexpr std::size_t kMaxText = 4096;
 constexpr std::size_t kMaxDevices = 4096;
 constexpr std::size_t kMaxMembers = 16384;
+constexpr std::size_t kMaxBlob = 1 << 20;      // UCX addresses and remote keys
+constexpr std::size_t kMaxReport = 16 << 20;   // a transition's JSON report
+constexpr std::size_t kMaxBuffers = 1 << 22;   // source buffers of one process
+constexpr std::size_t kMaxPeers = 4096;
 
 template <class... F>
 struct Overload : F... {
@@ -46,8 +50,22 @@ Bytes bytes_of(capnp::Data::Reader d, const char* what) {
   return Bytes(d.begin(), d.end());
 }
 
-std::string text_of(capnp::Text::Reader t, const char* what) {
-  if (t.size() > kMaxText) throw Error(std::string(what) + " of " + std::to_string(t.size()) + " bytes is too long");
+std::vector<std::byte> blob_of(capnp::Data::Reader d, const char* what) {
+  if (d.size() > kMaxBlob) throw Error(std::string(what) + " of " + std::to_string(d.size()) + " bytes is too long");
+  std::vector<std::byte> out(d.size());
+  if (d.size()) std::memcpy(out.data(), d.begin(), d.size());
+  return out;
+}
+
+capnp::Data::Reader data_of(const std::vector<std::byte>& b) { return {reinterpret_cast<const capnp::byte*>(b.data()), b.size()}; }
+
+template <class L>
+void check_size(L list, std::size_t cap, const char* what) {
+  if (list.size() > cap) throw Error("a list of " + std::to_string(list.size()) + " " + what + " is too long");
+}
+
+std::string text_of(capnp::Text::Reader t, const char* what, std::size_t cap = kMaxText) {
+  if (t.size() > cap) throw Error(std::string(what) + " of " + std::to_string(t.size()) + " bytes is too long");
   return std::string(t.cStr(), t.size());
 }
 
@@ -57,6 +75,81 @@ std::vector<DeviceInfo> devices_of(capnp::List<w::Device>::Reader l) {
   out.reserve(l.size());
   for (auto d : l) out.push_back({d.getId(), d.getCapacity(), d.getUsed(), d.getPeak()});
   return out;
+}
+
+PeerInfo peer_of(w::PeerInfo::Reader p) {
+  PeerInfo out;
+  if (p.getRank() < 0) throw Error("peer rank " + std::to_string(p.getRank()) + " is negative");
+  out.rank = static_cast<PeerId>(p.getRank());
+  out.address = blob_of(p.getAddress(), "UCX address");
+  check_size(p.getRegions(), kMaxDevices, "regions");
+  for (auto r : p.getRegions()) out.regions.push_back({static_cast<DeviceId>(r.getDevice()), blob_of(r.getKey(), "remote key")});
+  check_size(p.getBuffers(), kMaxBuffers, "buffers");
+  out.buffers.reserve(p.getBuffers().size());
+  for (auto b : p.getBuffers()) {
+    if (b.getSlot() > static_cast<std::uint8_t>(Slot::exp_avg_sq)) throw Error("buffer slot " + std::to_string(b.getSlot()) + " is unknown");
+    out.buffers.push_back({b.getSide(), static_cast<DeviceId>(b.getDevice()), b.getBuffer(), static_cast<Slot>(b.getSlot()),
+                           b.getAddress(), b.getBytes()});
+  }
+  return out;
+}
+
+void put_peer(w::PeerInfo::Builder o, const PeerInfo& p) {
+  o.setRank(static_cast<std::int32_t>(p.rank));
+  o.setAddress(data_of(p.address));
+  auto regions = o.initRegions(static_cast<unsigned>(p.regions.size()));
+  for (unsigned i = 0; i < p.regions.size(); ++i) {
+    regions[i].setDevice(static_cast<std::uint32_t>(p.regions[i].device));
+    regions[i].setKey(data_of(p.regions[i].key));
+  }
+  auto bufs = o.initBuffers(static_cast<unsigned>(p.buffers.size()));
+  for (unsigned i = 0; i < p.buffers.size(); ++i) {
+    const auto& b = p.buffers[i];
+    bufs[i].setSide(b.side);
+    bufs[i].setDevice(static_cast<std::uint32_t>(b.device));
+    bufs[i].setBuffer(b.buffer);
+    bufs[i].setSlot(static_cast<std::uint8_t>(b.slot));
+    bufs[i].setAddress(b.address);
+    bufs[i].setBytes(b.bytes);
+  }
+}
+
+TransitionSpec spec_of(w::TransitionSpec::Reader t) {
+  TransitionSpec s;
+  s.model = text_of(t.getModel(), "model");
+  s.from = text_of(t.getFrom(), "from");
+  s.to = text_of(t.getTo(), "to");
+  s.train = t.getTrain();
+  s.sync = t.getSync();
+  s.repeat = t.getRepeat();
+  s.verify = t.getVerify();
+  s.dump_dir = text_of(t.getDumpDir(), "dump directory");
+  s.capacity = text_of(t.getCapacity(), "capacity");
+  s.copy_threads = t.getCopyThreads();
+  s.per_link = t.getPerLink();
+  s.chunk_bytes = t.getChunkBytes();
+  s.gpus_per_node = t.getGpusPerNode();
+  s.timeout_seconds = t.getTimeoutSeconds();
+  s.kill_node = t.getKillNode();
+  return s;
+}
+
+void put_spec(w::TransitionSpec::Builder o, const TransitionSpec& s) {
+  o.setModel(s.model);
+  o.setFrom(s.from);
+  o.setTo(s.to);
+  o.setTrain(s.train);
+  o.setSync(s.sync);
+  o.setRepeat(s.repeat);
+  o.setVerify(s.verify);
+  o.setDumpDir(s.dump_dir);
+  o.setCapacity(s.capacity);
+  o.setCopyThreads(s.copy_threads);
+  o.setPerLink(s.per_link);
+  o.setChunkBytes(s.chunk_bytes);
+  o.setGpusPerNode(s.gpus_per_node);
+  o.setTimeoutSeconds(s.timeout_seconds);
+  o.setKillNode(s.kill_node);
 }
 
 Body body_of(w::Envelope::Body::Reader e) {
@@ -99,6 +192,42 @@ Body body_of(w::Envelope::Body::Reader e) {
                                m.getMsSinceHeartbeat(), m.getHeartbeats(), m.getJoins(), devices_of(m.getDevices())});
       return out;
     }
+    case w::Envelope::Body::TRANSITION_REQUEST: return spec_of(e.getTransitionRequest());
+    case w::Envelope::Body::TRANSITION_RESULT: return TransitionResult{text_of(e.getTransitionResult(), "report", kMaxReport)};
+    case w::Envelope::Body::PREPARE: {
+      auto p = e.getPrepare();
+      return Prepare{spec_of(p.getSpec()), p.getDevicesPerNode()};
+    }
+    case w::Envelope::Body::READY: return Ready{peer_of(e.getReady())};
+    case w::Envelope::Body::PEERS: {
+      check_size(e.getPeers(), kMaxPeers, "peers");
+      Peers out;
+      for (auto p : e.getPeers()) out.all.push_back(peer_of(p));
+      return out;
+    }
+    case w::Envelope::Body::CONNECTED: return Connected{};
+    case w::Envelope::Body::RUN: return Run{e.getRun()};
+    case w::Envelope::Body::DONE: {
+      auto d = e.getDone();
+      return RunDone{d.getSeconds(), d.getLinkBytes(), d.getLocalBytes(), d.getTransfers(), d.getCommits()};
+    }
+    case w::Envelope::Body::FAILED: return Failed{text_of(e.getFailed(), "failure")};
+    case w::Envelope::Body::ABORT: return Abort{};
+    case w::Envelope::Body::ABORTED: return Aborted{e.getAborted()};
+    case w::Envelope::Body::VERIFY: return Verify{e.getVerify()};
+    case w::Envelope::Body::VERIFIED: {
+      auto v = e.getVerified();
+      return Verified{v.getSourcesOk(), v.getTargetsOk(), v.getBytes(), text_of(v.getError(), "verification error")};
+    }
+    case w::Envelope::Body::DUMP: return Dump{text_of(e.getDump(), "dump directory")};
+    case w::Envelope::Body::DUMPED: {
+      check_size(e.getDumped(), kMaxBuffers, "dumped files");
+      Dumped out;
+      for (auto f : e.getDumped()) out.files.push_back(text_of(f, "manifest entry"));
+      return out;
+    }
+    case w::Envelope::Body::FINISH: return Finish{};
+    case w::Envelope::Body::FINISHED: return Finished{};
   }
   throw Error("unknown message kind " + std::to_string(static_cast<int>(e.which())) + " (this build speaks protocol " +
               std::to_string(kProtocolVersion) + ")");
@@ -107,8 +236,10 @@ Body body_of(w::Envelope::Body::Reader e) {
 }  // namespace
 
 const char* kind_name(const Body& b) {
-  static constexpr const char* names[] = {"hello", "challenge", "authenticate", "welcome", "error",
-                                          "join",  "heartbeat", "status-request", "status"};
+  static constexpr const char* names[] = {
+      "hello",  "challenge", "authenticate", "welcome", "error",   "join",    "heartbeat", "status-request", "status",
+      "transition-request", "transition-result", "prepare", "ready", "peers", "connected", "run", "done", "failed",
+      "abort",  "aborted",   "verify",       "verified", "dump",   "dumped", "finish",    "finished"};
   static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[b.index()];
 }
@@ -166,6 +297,46 @@ Bytes encode_frame(const Envelope& e) {
                      put_devices(l[i].initDevices(static_cast<unsigned>(m.devices.size())), m.devices);
                    }
                  },
+                 [&](const TransitionSpec& t) { put_spec(body.initTransitionRequest(), t); },
+                 [&](const TransitionResult& r) { body.setTransitionResult(r.json); },
+                 [&](const Prepare& p) {
+                   auto o = body.initPrepare();
+                   put_spec(o.initSpec(), p.spec);
+                   o.setDevicesPerNode(p.devices_per_node);
+                 },
+                 [&](const Ready& r) { put_peer(body.initReady(), r.info); },
+                 [&](const Peers& p) {
+                   auto l = body.initPeers(static_cast<unsigned>(p.all.size()));
+                   for (unsigned i = 0; i < p.all.size(); ++i) put_peer(l[i], p.all[i]);
+                 },
+                 [&](const Connected&) { body.setConnected(); },
+                 [&](const Run& r) { body.setRun(r.iteration); },
+                 [&](const RunDone& d) {
+                   auto o = body.initDone();
+                   o.setSeconds(d.seconds);
+                   o.setLinkBytes(d.link_bytes);
+                   o.setLocalBytes(d.local_bytes);
+                   o.setTransfers(d.transfers);
+                   o.setCommits(d.commits);
+                 },
+                 [&](const Failed& f) { body.setFailed(f.error); },
+                 [&](const Abort&) { body.setAbort(); },
+                 [&](const Aborted& a) { body.setAborted(a.stuck); },
+                 [&](const Verify& v) { body.setVerify(v.sources_only); },
+                 [&](const Verified& v) {
+                   auto o = body.initVerified();
+                   o.setSourcesOk(v.sources_ok);
+                   o.setTargetsOk(v.targets_ok);
+                   o.setBytes(v.bytes);
+                   o.setError(v.error);
+                 },
+                 [&](const Dump& d) { body.setDump(d.dir); },
+                 [&](const Dumped& d) {
+                   auto l = body.initDumped(static_cast<unsigned>(d.files.size()));
+                   for (unsigned i = 0; i < d.files.size(); ++i) l.set(i, d.files[i]);
+                 },
+                 [&](const Finish&) { body.setFinish(); },
+                 [&](const Finished&) { body.setFinished(); },
              },
              e.body);
   const kj::Array<capnp::word> flat = capnp::messageToFlatArray(message);

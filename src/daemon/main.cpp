@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   app.add_option("--dead-after-ms", a.dead_after_ms, "silence after which a node is lost (default 1500)");
   app.add_option("--handshake-ms", a.handshake_ms, "time a connection has to authenticate (default 5000)");
   app.add_option("--join-timeout-ms", a.join_timeout_ms, "how long a node tries to reach the coordinator (default 60000)");
-  app.add_option("--frame-cap", a.frame_cap, "largest control frame accepted, bytes (default 1 MiB)");
+  app.add_option("--frame-cap", a.frame_cap, "largest control frame accepted after authentication, bytes (default 64 MiB; 64 KiB before)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

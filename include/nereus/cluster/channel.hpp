@@ -1,9 +1,11 @@
 #pragma once
 // One control-plane connection: frames over Asio TCP, read with deadlines and a frame
-// cap, and the authentication handshake for either side. A channel has one reader and
-// one writer coroutine at a time (the daemon's connection loops keep to that).
+// cap, and the authentication handshake for either side. One coroutine reads at a time;
+// any number may send (frames are written whole, one after another).
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
+#include <deque>
+#include <memory>
 #include <string>
 
 #include "nereus/cluster/messages.hpp"
@@ -19,7 +21,9 @@ class Channel {
   explicit Channel(tcp::socket socket, std::uint32_t frame_cap = kDefaultFrameCap)
       : socket_(std::move(socket)), frame_cap_(frame_cap) {}
 
-  /// Writes one frame.
+  /// The largest frame receive() accepts from now on (small until the peer authenticated).
+  void set_frame_cap(std::uint32_t cap) { frame_cap_ = cap; }
+  /// Writes one frame, after the frames already being written.
   asio::awaitable<void> send(const Envelope& e);
   /// Reads one frame: its first byte must arrive within `idle` and the rest within `frame`
   /// after that (a peer that trickles bytes is cut off). Throws nereus::Error on end of
@@ -39,6 +43,8 @@ class Channel {
   std::uint32_t frame_cap_;
   std::uint64_t next_request_ = 1;
   std::string peer_;
+  bool writing_ = false;
+  std::deque<std::shared_ptr<asio::steady_timer>> waiting_;  // senders in line, woken in order
 };
 
 /// Connects to `host:port`, retrying until `limit` (the coordinator may still be

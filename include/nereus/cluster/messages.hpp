@@ -9,11 +9,16 @@
 #include <variant>
 #include <vector>
 
+#include "nereus/runtime/peer_info.hpp"
+
 namespace nereus::cluster {
 
 inline constexpr std::uint16_t kProtocolVersion = 1;
 /// Largest frame a reader accepts by default (length prefix excluded).
-inline constexpr std::uint32_t kDefaultFrameCap = 1u << 20;
+/// Largest frame a daemon accepts after authentication (peer lists of large models are
+/// megabytes); before it, kHandshakeFrameCap.
+inline constexpr std::uint32_t kDefaultFrameCap = 64u << 20;
+inline constexpr std::uint32_t kHandshakeFrameCap = 64u << 10;
 
 using Bytes = std::vector<std::uint8_t>;
 
@@ -67,7 +72,67 @@ struct ClusterStatus {
   std::vector<NodeStatus> members;
 };
 
-using Body = std::variant<Hello, Challenge, Authenticate, Welcome, ErrorReply, Join, Heartbeat, StatusRequest, ClusterStatus>;
+/// `nereus bench transition` settings that travel to the daemons.
+struct TransitionSpec {
+  std::string model, from, to;
+  bool train = false, sync = false;
+  std::int32_t repeat = 3;
+  bool verify = false;
+  std::string dump_dir, capacity;
+  std::uint32_t copy_threads = 2, per_link = 2;
+  std::uint64_t chunk_bytes = 64 << 20;
+  std::int32_t gpus_per_node = 8;
+  double timeout_seconds = 300;
+  std::int32_t kill_node = -1;
+};
+struct TransitionResult {
+  std::string json;  ///< the bench's report
+};
+struct Prepare {
+  TransitionSpec spec;
+  std::int32_t devices_per_node = 1;
+};
+struct Ready {
+  PeerInfo info;
+};
+struct Peers {
+  std::vector<PeerInfo> all;
+};
+struct Connected {};
+struct Run {
+  std::uint32_t iteration = 0;
+};
+struct RunDone {
+  double seconds = 0;
+  std::uint64_t link_bytes = 0, local_bytes = 0, transfers = 0, commits = 0;
+};
+struct Failed {
+  std::string error;
+};
+struct Abort {};
+struct Aborted {
+  bool stuck = false;
+};
+struct Verify {
+  bool sources_only = false;
+};
+struct Verified {
+  bool sources_ok = false, targets_ok = false;
+  std::uint64_t bytes = 0;
+  std::string error;
+};
+struct Dump {
+  std::string dir;
+};
+struct Dumped {
+  std::vector<std::string> files;  ///< manifest entries, each a JSON object
+};
+struct Finish {};
+struct Finished {};
+
+using Body = std::variant<Hello, Challenge, Authenticate, Welcome, ErrorReply, Join, Heartbeat, StatusRequest, ClusterStatus,
+                          TransitionSpec, TransitionResult, Prepare, Ready, Peers, Connected, Run, RunDone, Failed, Abort,
+                          Aborted, Verify, Verified, Dump, Dumped, Finish, Finished>;
 
 struct Envelope {
   std::uint16_t version = kProtocolVersion;

@@ -1,0 +1,34 @@
+#pragma once
+// What a process tells its peers before a cross-process transition, through whatever
+// control channel connects them (the bench's Unix sockets, nereusd's Cap'n Proto): its
+// UCX worker address, the remote keys of its device arenas, and where its source buffers
+// live, so that peers can pull from them.
+#include <cstdint>
+#include <vector>
+
+#include "nereus/core/emu.hpp"
+#include "nereus/core/layout.hpp"
+#include "nereus/core/model.hpp"
+#include "nereus/transport/transport.hpp"
+
+namespace nereus {
+
+struct PeerInfo {
+  PeerId rank = 0;
+  std::vector<std::byte> address;
+  struct Region {
+    DeviceId device;
+    std::vector<std::byte> key;
+  };
+  std::vector<Region> regions;
+  struct Buffer {
+    std::uint32_t side;
+    DeviceId device;
+    TensorId buffer;
+    Slot slot;
+    std::uint64_t address, bytes;
+  };
+  std::vector<Buffer> buffers;
+};
+
+}  // namespace nereus
