@@ -4,13 +4,13 @@ transport and through UCX across 2 and 4 processes, verified against the fill of
 sharding.md (by the bench and, from --dump files, independently here), and faults."""
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import check, finish  # noqa: E402
+from shards import check_dump  # noqa: E402
 
 NEREUS = sys.argv[1]
 
@@ -20,64 +20,6 @@ def bench(*args, timeout=240):
     p = subprocess.run([NEREUS, "bench", "transition", *args, "--json"], capture_output=True, text=True, timeout=timeout)
     out = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
     return p.returncode, out, p.stderr
-
-
-MASK64 = (1 << 64) - 1
-
-
-def fnv1a64(s):
-    h = 0xcbf29ce484222325
-    for b in s.encode():
-        h ^= b
-        h = (h * 0x100000001b3) & MASK64
-    return h
-
-
-def splitmix64(x):
-    z = (x + 0x9e3779b97f4a7c15) & MASK64
-    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & MASK64
-    return z ^ (z >> 31)
-
-
-def expected_bytes(tensor, slot, box, cols, width):
-    """The fill of sharding.md for one box of a tensor with `cols` columns (1-d: cols=1)."""
-    seed = fnv1a64(tensor + "/" + slot)
-    out = bytearray()
-    rows = box[0]
-    cr = box[1] if len(box) > 1 else [0, 1]
-    for i in range(rows[0], rows[1]):
-        for j in range(cr[0], cr[1]):
-            out += struct.pack("<Q", splitmix64(seed ^ (i * cols + j)))[:width]
-    return bytes(out)
-
-
-def model_shapes(name):
-    rc = subprocess.run([NEREUS, "model", "--model", name, "--tensors", "--json"], capture_output=True, text=True)
-    return {t["name"]: t["shape"] for t in json.loads(rc.stdout)["tensors"]}
-
-
-def check_dump(d, model, sample=40):
-    """Recomputes `sample` dumped files from the manifest alone."""
-    shapes = model_shapes(model)
-    manifest = json.load(open(os.path.join(d, "manifest.json")))
-    files = manifest["files"]
-    check(len(files) > 0, "dump lists files")
-    step = max(1, len(files) // sample)
-    ok = True
-    for f in files[::step]:
-        width = 4 if f["dtype"] == "f32" else 2
-        data = open(os.path.join(d, f["file"]), "rb").read()
-        parts = f.get("parts") or [{"tensor": f["tensor"], "box": f["box"]}]
-        want = b"".join(expected_bytes(p["tensor"], f["slot"], p["box"],
-                                       shapes[p["tensor"]][1] if len(shapes[p["tensor"]]) > 1 else 1, width)
-                        for p in parts)
-        if data != want:
-            ok = False
-            print("dump mismatch:", f["file"], file=sys.stderr)
-            break
-    check(ok, f"dumped shards of {model} match the fill recomputed from the manifest")
-    check(any("parts" in f for f in files) or not any("qkv" in f["file"] for f in files), "fused buffers list their parts")
 
 
 # Local transport, training slots, fused packing, explicit PP partition.
@@ -92,7 +34,7 @@ with tempfile.TemporaryDirectory() as d:
     rc, j, err = bench("--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=2,dp=1,packing=fused",
                        "--train", "--dump", d, "--repeat", "1")
     check(rc == 0, f"local bench with --dump ({err.strip()})")
-    check_dump(d, "tiny-llama")
+    check_dump(NEREUS, d, "tiny-llama")
 
 # UCX across 2 and 4 processes.
 for procs, model, src, dst in [(2, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2"),
@@ -106,7 +48,7 @@ with tempfile.TemporaryDirectory() as d:
     rc, j, err = bench("--model", "tiny-qwen2-tied", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=2,dp=1,packing=fused",
                        "--train", "--transport", "ucx", "--procs", "2", "--dump", d, "--repeat", "1")
     check(rc == 0, f"ucx bench with --dump ({err.strip()[-300:]})")
-    check_dump(d, "tiny-qwen2-tied")
+    check_dump(NEREUS, d, "tiny-qwen2-tied")
 
 # A worker dies mid-transition: a clear error in bounded time, sources intact. The bound is on
 # detection (run start -> failure known), not on the whole command, whose setup and source

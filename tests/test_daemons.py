@@ -19,6 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import check, finish  # noqa: E402
+from shards import check_dump  # noqa: E402
 
 BIN = sys.argv[1]
 NEREUSD = os.path.join(BIN, "nereusd")
@@ -80,6 +81,13 @@ def wait_status(coord, cond, timeout=10):
     return None
 
 
+def bench(coord, *args, token=TOKEN, timeout=180):
+    r = subprocess.run([NEREUS, "bench", "transition", "--daemons", coord, "--token-file", token, "--json", *args],
+                       capture_output=True, text=True, timeout=timeout)
+    out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+    return r.returncode, out, r.stderr
+
+
 def member(j, rank):
     return next((m for m in j.get("members", []) if m["rank"] == rank), {})
 
@@ -111,14 +119,14 @@ def closed_by_peer(s, timeout):
 
 
 try:
-    coord = Daemon("--coordinator-mode", "--nodes", "3", "--listen", "127.0.0.1:0", "--devices", "host:2:64MiB",
+    coord = Daemon("--coordinator-mode", "--nodes", "3", "--listen", "127.0.0.1:0", "--devices", "host:2:256MiB",
                    "--metrics", "127.0.0.1:0", name="coordinator")
     m = coord.wait_for(r"listening on (127\.0\.0\.1:\d+), metrics on (127\.0\.0\.1:\d+)")
     check(m is not None, f"coordinator starts and prints its addresses ({coord.text()[-300:]})")
     if m is None:
         raise SystemExit(finish("daemons"))
     addr, metrics = m.group(1), m.group(2)
-    nodes = {r: Daemon("--coordinator", addr, "--node-rank", str(r), "--nodes", "3", "--devices", "host:2:64MiB",
+    nodes = {r: Daemon("--coordinator", addr, "--node-rank", str(r), "--nodes", "3", "--devices", "host:2:256MiB",
                        name=f"node{r}") for r in (1, 2)}
     j = wait_status(addr, lambda j: j.get("alive") == 3)
     check(j is not None, "three daemons joined: 3 of 3 alive")
@@ -186,9 +194,30 @@ try:
     check(mm is not None and int(mm.group(1)) >= 1, "metrics: the wrong token counted")
     mm = re.search(r"nereus_heartbeats_received_total (\d+)", text)
     check(mm is not None and int(mm.group(1)) > 0, "metrics: heartbeats counted")
-    check('nereus_device_memory_capacity_bytes{node="0",device="1"} 67108864' in text, "metrics: device capacity")
+    check('nereus_device_memory_capacity_bytes{node="0",device="1"} 268435456' in text, "metrics: device capacity")
     check(re.search(r'nereus_connections_dropped_total\{node="0",reason="\w+"\} \d+', text) is not None, "metrics: drops by reason")
     check(http_get(metrics, "/other").startswith("HTTP/1.0 404"), "metrics: other paths 404")
+
+    # Transitions across the daemons: real bytes over UCX between the three processes,
+    # verified by the daemons against the fill, and from the dump files here.
+    for model, src, dst in [("tiny-llama", "tp=2,pp=1,dp=1", "tp=2,pp=1,dp=3"),
+                            ("tiny-qwen2-tied", "tp=2,pp=2,dp=1,partition=3/2", "tp=1,pp=1,dp=2,devices=3:5,packing=fused")]:
+        rc, j, err = bench(addr, "--model", model, "--from", src, "--to", dst, "--train", "--verify", "--repeat", "2")
+        check(rc == 0 and j.get("verified") is True and j.get("procs", 0) >= 2,
+              f"daemons: {model} {src} -> {dst} verified across {j.get('procs')} nodes ({err.strip()[-300:]})")
+        for k in ["seconds_median", "moved_bytes", "gbps", "verified", "transport", "procs", "nodes"]:
+            check(k in j, f"daemons bench JSON has {k}")
+    dump_dir = os.path.join(work, "dump")
+    os.makedirs(dump_dir)
+    rc, j, err = bench(addr, "--model", "tiny-qwen2-tied", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=2,dp=1,packing=fused,devices=2-5",
+                       "--train", "--dump", dump_dir, "--repeat", "1")
+    check(rc == 0, f"daemons bench with --dump ({err.strip()[-300:]})")
+    check_dump(NEREUS, dump_dir, "tiny-qwen2-tied")
+    rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=4")
+    check(rc == 1 and "node 3" in err and "not alive" in err, f"a layout beyond the daemons' devices: one clear error ({err.strip()[-200:]})")
+    rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", token=BAD)
+    check(rc == 1 and "prove" in err, f"the bench with a wrong token is refused ({err.strip()[-200:]})")
+    check(coord.p.poll() is None and nodes[1].p.poll() is None and nodes[2].p.poll() is None, "every daemon still runs")
 
     # A node killed with SIGKILL: lost within 3 s; restarted, it rejoins.
     victim = nodes[2].p
@@ -198,7 +227,7 @@ try:
     lost_after = time.time() - t0
     check(j is not None and lost_after <= 3, f"SIGKILLed node 2 lost after {lost_after:.2f} s (target <= 3 s)")
     check(j is not None and member(j, 1).get("alive") and member(j, 0).get("alive"), "the other nodes stay alive")
-    nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:64MiB", name="node2b")
+    nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:256MiB", name="node2b")
     j = wait_status(addr, lambda j: member(j, 2).get("alive") and member(j, 2).get("joins") == 2)
     check(j is not None, "a restarted node 2 rejoins (joins = 2)")
 
@@ -211,6 +240,20 @@ try:
     nodes[1].p.send_signal(signal.SIGCONT)
     j = wait_status(addr, lambda j: member(j, 1).get("alive"), timeout=10)
     check(j is not None and member(j, 1).get("joins") == 2, "the thawed node 1 notices and rejoins")
+
+    # A daemon dies mid-transition: the coordinator reports it within seconds, the other
+    # nodes' sources are intact; once it is back, the next transition runs.
+    rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--train",
+                       "--repeat", "50", "--inject-kill-node", "2")
+    check(rc == 1 and "node 2 lost" in j.get("error", ""), f"a daemon killed mid-transition is named ({j.get('error')})")
+    check(j.get("verified_sources") is True and j.get("surviving_workers") == 2, "the surviving nodes' sources verify")
+    check(0 < j.get("failure_detected_seconds", -1) < 3, f"detected within 3 s of the run ({j.get('failure_detected_seconds')})")
+    j = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=10)
+    check(j is not None, "the killed node is lost")
+    nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:256MiB", name="node2c")
+    j = wait_status(addr, lambda j: j.get("alive") == 3)
+    rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--train", "--verify")
+    check(rc == 0 and j.get("verified") is True, f"after the restart, a transition over all three nodes verifies ({err.strip()[-300:]})")
 
     # Orderly stop.
     for d in [nodes[1], nodes[2], coord]:

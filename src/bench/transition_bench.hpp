@@ -27,6 +27,9 @@ struct TransitionConfig {
   int gpus_per_node = 8;
   double timeout_seconds = 300;
   int kill_worker = -1;  ///< fault injection: this worker dies during the first run
+  std::string daemons;     ///< HOST:PORT of a nereusd coordinator: run across the daemons
+  std::string token_file;  ///< with daemons
+  int kill_node = -1;      ///< fault injection: this node's daemon dies during the first run
   /// UCX peer-failure handling: detects dead peers inside UCX but rules out its shared
   /// memory transports (sysv/posix/cma lack it), so off by default on one host, where
   /// the control channel detects a dead worker.
@@ -58,6 +61,8 @@ int report(const TransitionConfig& c, const Prepared& p, nlohmann::json result);
 int run_single_process(const TransitionConfig& c);
 int run_parent(const TransitionConfig& c, const std::string& self_exe, const std::vector<std::string>& argv);
 int run_worker(const TransitionConfig& c);
+/// Across running nereusd daemons (the coordinator at c.daemons).
+int run_on_daemons(const TransitionConfig& c);
 
 /// Entry point of the sub-command.
 int run_transition_bench(const TransitionConfig& c, const std::vector<std::string>& argv);

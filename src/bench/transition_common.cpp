@@ -115,10 +115,5 @@ int report(const TransitionConfig& c, const Prepared& p, nlohmann::json r) {
   return 0;
 }
 
-int run_transition_bench(const TransitionConfig& c, const std::vector<std::string>& argv) {
-  if (c.worker_rank >= 0) return run_worker(c);
-  if (c.procs == 1) return run_single_process(c);
-  return run_parent(c, "/proc/self/exe", argv);
-}
 
 }  // namespace nereus::bench

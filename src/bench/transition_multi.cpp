@@ -13,6 +13,7 @@
 
 #include "control.hpp"
 #include "nereus/runtime/async_scope.hpp"
+#include "nereus/runtime/inbox.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/local.hpp"
@@ -26,29 +27,7 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 /// Messages from all workers, in arrival order; end of stream arrives as {"type":"eof"}.
-class Inbox {
- public:
-  explicit Inbox(asio::io_context& io) : wake_(io) {}
-  void push(json m) {
-    q_.push_back(std::move(m));
-    wake_.cancel();
-  }
-  /// Next message, or an empty object at the deadline.
-  asio::awaitable<json> next(clock::time_point deadline) {
-    while (q_.empty()) {
-      if (clock::now() >= deadline) co_return json::object();
-      wake_.expires_at(deadline);
-      co_await wake_.async_wait(asio::as_tuple(asio::use_awaitable));
-    }
-    json m = std::move(q_.front());
-    q_.pop_front();
-    co_return m;
-  }
-
- private:
-  asio::steady_timer wake_;
-  std::deque<json> q_;
-};
+using Inbox = nereus::Inbox<json>;
 
 asio::awaitable<void> pump(Socket& s, int rank, Inbox& inbox) {
   for (;;) {
@@ -83,7 +62,7 @@ std::string exit_text(pid_t pid) {
 /// The parent's whole run as one coroutine; fills `out`.
 asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, const Prepared& p, std::vector<Child>& kids,
                              json& out) {
-  Inbox inbox(io);
+  Inbox inbox(io.get_executor());
   AsyncScope pumps(io.get_executor());  // joined below, before the inbox goes away
   for (int r = 0; r < c.procs; ++r) pumps.spawn(pump(*kids[r].socket, r, inbox));
   const auto deadline = [&] { return clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(c.timeout_seconds)); };
@@ -96,7 +75,8 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     int live = 0;
     for (const auto& k : kids) live += k.alive;
     while (static_cast<int>(got.size()) < live) {
-      json m = co_await inbox.next(until);
+      std::optional<json> next = co_await inbox.next(until);
+      json m = next ? std::move(*next) : json::object();
       if (m.empty()) {
         error = "timed out after " + std::to_string(c.timeout_seconds) + " s waiting for '" + std::string(type) + "'";
         break;

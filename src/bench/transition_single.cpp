@@ -103,4 +103,11 @@ int run_single_process(const TransitionConfig& c) {
   return report(c, p, std::move(out));
 }
 
+int run_transition_bench(const TransitionConfig& c, const std::vector<std::string>& argv) {
+  if (c.worker_rank >= 0) return run_worker(c);
+  if (!c.daemons.empty()) return run_on_daemons(c);
+  if (c.procs == 1) return run_single_process(c);
+  return run_parent(c, "/proc/self/exe", argv);
+}
+
 }  // namespace nereus::bench

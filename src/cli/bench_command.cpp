@@ -32,12 +32,15 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--gpus-per-node", c->gpus_per_node, "for sender choice (default 8)")->check(CLI::PositiveNumber);
   t->add_option("--timeout", c->timeout_seconds, "give up a phase after this many seconds (default 300)")
       ->check(CLI::PositiveNumber);
+  t->add_option("--daemons", c->daemons, "HOST:PORT of a nereusd coordinator: run across the running daemons");
+  t->add_option("--token-file", c->token_file, "with --daemons: the shared secret (else $NEREUS_TOKEN)");
   t->add_flag("--ucx-peer-errors", c->ucx_peer_errors,
               "UCX detects failed peers itself (excludes its shared-memory transports)");
   // Internal: how the parent starts its workers, and fault injection for tests.
   t->add_option("--worker-rank", c->worker_rank)->group("");
   t->add_option("--control-fd", c->control_fd)->group("");
   t->add_option("--inject-kill-worker", c->kill_worker)->group("");
+  t->add_option("--inject-kill-node", c->kill_node)->group("");
   t->callback([c, &argv] {
     const int rc = bench::run_transition_bench(*c, argv);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "nereus/cluster/auth.hpp"
+#include "nereus/cluster/transition_service.hpp"
 #include "nereus/core/error.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/device.hpp"
@@ -56,6 +57,7 @@ struct Daemon::State {
   // off, so a flood of silent connections cannot lock out a client that authenticates.
   std::list<Channel*> handshaking;
   bool stopping = false;
+  bool driving = false;        // the coordinator runs one transition at a time
   std::string fatal;
   asio::steady_timer stopped{io};
 
@@ -192,19 +194,60 @@ struct Daemon::State {
     ch.close();
   }
 
+  // An authenticated client: status requests, a transition request (coordinator), or the
+  // coordinator driving this node's part of a transition.
   asio::awaitable<void> client_session(Channel& ch) {
-    for (;;) {
-      Envelope req = co_await ch.receive(o.client_idle);
-      ++metrics.frames_received;
-      if (std::holds_alternative<StatusRequest>(req.body)) {
-        Body answer = status();
-        co_await reply(ch, req.request_id, std::move(answer));
-      } else {
-        Body no = ErrorReply{std::string("unexpected ") + kind_name(req.body) + " from a client"};
-        co_await reply(ch, req.request_id, std::move(no));
-        throw Error(std::string("unexpected ") + kind_name(req.body));
+    NodeTransition part(io, o.launch.node_rank, o.device_capacity);
+    bool in_transition = false;
+    std::exception_ptr ended;
+    try {
+      for (;;) {
+        // A node in a transition may wait long for the next step (a run of many GB).
+        Envelope req = co_await ch.receive(in_transition ? Millis(std::chrono::hours(24)) : o.client_idle);
+        ++metrics.frames_received;
+        in_transition = std::holds_alternative<Prepare>(req.body) || (in_transition && !std::holds_alternative<Finish>(req.body));
+        if (std::holds_alternative<StatusRequest>(req.body)) {
+          Body answer = status();
+          co_await reply(ch, req.request_id, std::move(answer));
+        } else if (auto* spec = std::get_if<TransitionSpec>(&req.body)) {
+          Body answer = co_await transition(*spec);
+          co_await reply(ch, req.request_id, std::move(answer));
+        } else if (const bool handled = co_await part.handle(ch, req); !handled) {
+          Body no = ErrorReply{std::string("unexpected ") + kind_name(req.body) + " from a client"};
+          co_await reply(ch, req.request_id, std::move(no));
+          throw Error(std::string("unexpected ") + kind_name(req.body));
+        }
       }
+    } catch (...) {
+      ended = std::current_exception();
     }
+    co_await part.close();  // the coordinator went away mid-transition: release our part
+    std::rethrow_exception(ended);
+  }
+
+  // The coordinator runs a transition across the alive nodes for a client.
+  asio::awaitable<Body> transition(const TransitionSpec& spec) {
+    if (!members) co_return ErrorReply{"node " + std::to_string(o.launch.node_rank) + " is not the coordinator"};
+    if (driving) co_return ErrorReply{"a transition is already running"};
+    std::vector<NodeAddress> nodes;
+    for (const NodeStatus& m : members->status(Clock::now()).members) {
+      if (!m.alive) continue;
+      if (static_cast<int>(m.devices.size()) != o.devices)
+        co_return ErrorReply{"node " + std::to_string(m.rank) + " has " + std::to_string(m.devices.size()) +
+                             " devices and the coordinator " + std::to_string(o.devices) + "; transitions need the same on every node"};
+      nodes.push_back({m.rank, parse_endpoint(m.listen, "node listen address")});
+    }
+    driving = true;
+    std::string report, error;
+    try {
+      report = co_await drive_transition(spec, nodes, o.devices, o.token);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    driving = false;
+    if (!error.empty()) co_return ErrorReply{error};
+    log("transition {} {} -> {} over {} nodes done", spec.model, spec.from, spec.to, nodes.size());
+    co_return TransitionResult{report};
   }
 
   ClusterStatus status() {

@@ -82,11 +82,14 @@ PeerInfo peer_of(w::PeerInfo::Reader p) {
   if (p.getRank() < 0) throw Error("peer rank " + std::to_string(p.getRank()) + " is negative");
   out.rank = static_cast<PeerId>(p.getRank());
   out.address = blob_of(p.getAddress(), "UCX address");
-  check_size(p.getRegions(), kMaxDevices, "regions");
-  for (auto r : p.getRegions()) out.regions.push_back({static_cast<DeviceId>(r.getDevice()), blob_of(r.getKey(), "remote key")});
-  check_size(p.getBuffers(), kMaxBuffers, "buffers");
-  out.buffers.reserve(p.getBuffers().size());
-  for (auto b : p.getBuffers()) {
+  // Each get of a list counts against the traversal limit: get it once.
+  const auto regions = p.getRegions();
+  check_size(regions, kMaxDevices, "regions");
+  for (auto r : regions) out.regions.push_back({static_cast<DeviceId>(r.getDevice()), blob_of(r.getKey(), "remote key")});
+  const auto buffers = p.getBuffers();
+  check_size(buffers, kMaxBuffers, "buffers");
+  out.buffers.reserve(buffers.size());
+  for (auto b : buffers) {
     if (b.getSlot() > static_cast<std::uint8_t>(Slot::exp_avg_sq)) throw Error("buffer slot " + std::to_string(b.getSlot()) + " is unknown");
     out.buffers.push_back({b.getSide(), static_cast<DeviceId>(b.getDevice()), b.getBuffer(), static_cast<Slot>(b.getSlot()),
                            b.getAddress(), b.getBytes()});
@@ -186,8 +189,9 @@ Body body_of(w::Envelope::Body::Reader e) {
     case w::Envelope::Body::STATUS: {
       auto s = e.getStatus();
       ClusterStatus out{s.getNodes(), {}};
-      if (s.getMembers().size() > kMaxMembers) throw Error("a status of " + std::to_string(s.getMembers().size()) + " members is too long");
-      for (auto m : s.getMembers())
+      const auto members = s.getMembers();
+      check_size(members, kMaxMembers, "members");
+      for (auto m : members)
         out.members.push_back({m.getRank(), m.getAlive(), text_of(m.getListen(), "listen address"), m.getPid(),
                                m.getMsSinceHeartbeat(), m.getHeartbeats(), m.getJoins(), devices_of(m.getDevices())});
       return out;
@@ -200,9 +204,10 @@ Body body_of(w::Envelope::Body::Reader e) {
     }
     case w::Envelope::Body::READY: return Ready{peer_of(e.getReady())};
     case w::Envelope::Body::PEERS: {
-      check_size(e.getPeers(), kMaxPeers, "peers");
+      const auto peers = e.getPeers();
+      check_size(peers, kMaxPeers, "peers");
       Peers out;
-      for (auto p : e.getPeers()) out.all.push_back(peer_of(p));
+      for (auto p : peers) out.all.push_back(peer_of(p));
       return out;
     }
     case w::Envelope::Body::CONNECTED: return Connected{};
@@ -221,9 +226,10 @@ Body body_of(w::Envelope::Body::Reader e) {
     }
     case w::Envelope::Body::DUMP: return Dump{text_of(e.getDump(), "dump directory")};
     case w::Envelope::Body::DUMPED: {
-      check_size(e.getDumped(), kMaxBuffers, "dumped files");
+      const auto files = e.getDumped();
+      check_size(files, kMaxBuffers, "dumped files");
       Dumped out;
-      for (auto f : e.getDumped()) out.files.push_back(text_of(f, "manifest entry"));
+      for (auto f : files) out.files.push_back(text_of(f, "manifest entry"));
       return out;
     }
     case w::Envelope::Body::FINISH: return Finish{};
@@ -364,7 +370,9 @@ Envelope decode_body(std::span<const std::uint8_t> body, std::uint32_t cap) {
   kj::Array<capnp::word> words = kj::heapArray<capnp::word>(body.size() / sizeof(capnp::word));
   std::memcpy(words.begin(), body.data(), body.size());
   capnp::ReaderOptions limits;
-  limits.traversalLimitInWords = 2 * words.size() + 64;  // a message cannot make us read much more than it is
+  // A message cannot make us read much more than it is (each part is read once, but
+  // empty structs in a list count a word each).
+  limits.traversalLimitInWords = 4 * words.size() + 1024;
   limits.nestingLimit = 8;                                // the schema nests 4 deep
   try {
     capnp::FlatArrayMessageReader reader(words.asPtr(), limits);

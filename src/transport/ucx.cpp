@@ -47,8 +47,15 @@ struct UcxTransport::Impl {
   std::size_t in_flight = 0;
   bool stopping = false;
   bool waiting = false;
+  int loops = 0;                 // progress and tick loops still running
+  asio::steady_timer loops_done;  // cancelled when a loop exits
 
-  Impl(asio::io_context& io_, UcxOptions opt) : io(io_), options(std::move(opt)), efd(io_), tick(io_) {}
+  Impl(asio::io_context& io_, UcxOptions opt) : io(io_), options(std::move(opt)), efd(io_), tick(io_), loops_done(io_) {}
+
+  void loop_exited() {
+    --loops;
+    loops_done.cancel();
+  }
 
   static void on_done(void* request, ucs_status_t st, void* user) {
     auto* b = static_cast<UcxBatch*>(user);
@@ -88,9 +95,11 @@ struct UcxTransport::Impl {
       waiting = true;
       co_await efd.async_wait(asio::posix::descriptor_base::wait_read, asio::as_tuple(asio::use_awaitable));
       waiting = false;
+      if (stopping) break;
       while (ucp_worker_progress(worker) != 0) {
       }
     }
+    loop_exited();
   }
 
   /// Fallback tick: progress now and then even if an event was missed.
@@ -101,6 +110,7 @@ struct UcxTransport::Impl {
       if (ec || stopping) break;
       ucp_worker_progress(worker);
     }
+    loop_exited();
   }
 
   void wake() {
@@ -135,6 +145,7 @@ UcxTransport::UcxTransport(asio::io_context& io, UcxOptions options)
     throw Error("ucx: no worker event fd: " + ucs(e));
   }
   impl_->efd.assign(::dup(fd));  // Asio owns (and closes) its own copy
+  impl_->loops = 2;
   asio::co_spawn(io, impl_->progress_loop(), asio::detached);
   asio::co_spawn(io, impl_->tick_loop(), asio::detached);
 }
@@ -158,11 +169,18 @@ UcxTransport::~UcxTransport() {
   ucp_cleanup(impl_->context);
 }
 
+// Waits for both loops to exit: they use the worker, which the destructor destroys (a
+// daemon runs many transitions in one event loop, so they must be gone, not just told).
 asio::awaitable<void> UcxTransport::shutdown() {
   impl_->stopping = true;
   impl_->wake();
   impl_->tick.cancel();
-  co_return;
+  while (impl_->loops > 0) {
+    impl_->efd.cancel();
+    impl_->tick.cancel();
+    impl_->loops_done.expires_after(std::chrono::milliseconds(20));
+    co_await impl_->loops_done.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
 }
 
 Capabilities UcxTransport::capabilities() const { return {false, true, true, false, {MemoryKind::host}}; }

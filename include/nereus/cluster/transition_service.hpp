@@ -1,0 +1,46 @@
+#pragma once
+// Transitions across daemons (nereus bench transition --daemons). The coordinator's side
+// (drive_transition) plans the transition, connects to every node whose devices it
+// touches (itself included), relays their UCX addresses, rkeys and buffer addresses,
+// starts each run and waits until every node reports its bytes landed, verifies, dumps,
+// and returns the bench's JSON report. A node's side (NodeTransition) holds its part: the
+// units on its devices, its transports and executor, driven by those messages.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nereus/cluster/channel.hpp"
+#include "nereus/cluster/launch.hpp"
+#include "nereus/cluster/messages.hpp"
+
+namespace nereus::cluster {
+
+/// A node to drive: its rank and where it listens.
+struct NodeAddress {
+  int rank = 0;
+  Endpoint listen;
+};
+
+/// Runs the transition over `nodes` (every alive node; each owns `devices_per_node`
+/// devices, numbered node by node) and returns the report JSON. Bad requests throw
+/// nereus::Error; a node lost mid-way is reported in the JSON (error, verified_sources).
+asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const std::vector<NodeAddress>& nodes,
+                                              int devices_per_node, const std::string& token);
+
+/// One node's part of a transition, answering the coordinator on one channel.
+class NodeTransition {
+ public:
+  NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity);
+  ~NodeTransition();
+  /// Handles one message of the exchange; false when the message is not part of it.
+  asio::awaitable<bool> handle(Channel& ch, const Envelope& m);
+  /// Releases everything (the coordinator went away mid-transition).
+  asio::awaitable<void> close();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace nereus::cluster

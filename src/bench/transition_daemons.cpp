@@ -1,0 +1,59 @@
+// `nereus bench transition --daemons HOST:PORT`: the coordinator runs the transition across
+// the running daemons and answers with the same report as the local bench.
+#include "nereus/core/error.hpp"
+#include "transition_bench.hpp"
+#ifdef NEREUS_HAVE_CLUSTER
+#include "nereus/cluster/auth.hpp"
+#include "nereus/cluster/channel.hpp"
+#include "nereus/cluster/launch.hpp"
+#endif
+
+namespace nereus::bench {
+
+#ifdef NEREUS_HAVE_CLUSTER
+int run_on_daemons(const TransitionConfig& in) {
+  using namespace nereus::cluster;
+  TransitionConfig c = in;
+  if (c.procs != 1) throw Error("--procs and --daemons exclude each other (the daemons' nodes are the processes)");
+  c.transport = "ucx";
+  const Prepared p = prepare(c);  // bad layouts fail here, before any daemon is asked
+  const Endpoint at = parse_endpoint(c.daemons, "--daemons");
+  const std::string token = load_token(c.token_file);
+  TransitionSpec spec{c.model,    c.from,         c.to,       c.train,       c.sync,        c.repeat,
+                      c.verify,   c.dump_dir,     c.capacity, c.copy_threads, c.per_link,    c.chunk_bytes,
+                      c.gpus_per_node, c.timeout_seconds, c.kill_node};
+  asio::io_context io;
+  std::string text;
+  std::exception_ptr err;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Channel ch(co_await connect_to(at.host, at.port, Millis(5000)));
+    ch.set_peer("coordinator " + at.str());
+    const Hello hello{Role::client, -1, 0, {}};
+    co_await authenticate_as_client(ch, token, hello, Millis(5000));
+    // The whole run: every phase may take up to the timeout.
+    Body ask = spec;
+    const Envelope r = co_await ch.call(std::move(ask), Millis(static_cast<long>(c.timeout_seconds * 1000 * 8)));
+    if (auto* e = std::get_if<ErrorReply>(&r.body)) throw Error(e->message);
+    auto* t = std::get_if<TransitionResult>(&r.body);
+    if (!t) throw Error(std::string("the coordinator answered with ") + kind_name(r.body));
+    text = t->json;
+    ch.close();
+  }, [&](std::exception_ptr e) { err = e; });
+  io.run();
+  if (err) std::rethrow_exception(err);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw Error("the coordinator's report is not JSON");
+  }
+  c.procs = j.value("procs", 1);
+  return report(c, p, std::move(j));
+}
+#else
+int run_on_daemons(const TransitionConfig&) {
+  throw Error("this nereus was built without the control plane (Cap'n Proto and OpenSSL were not found)");
+}
+#endif
+
+}  // namespace nereus::bench
