@@ -310,6 +310,9 @@ finally:
             except ProcessLookupError:
                 pass
             p.wait()
-    shutil.rmtree(work, ignore_errors=True)
+    if os.environ.get("NEREUS_KEEP_LOGS"):
+        print("logs kept in", work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 finish("daemons")

@@ -6,6 +6,7 @@
 
 #include <boost/asio/posix/descriptor_base.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -49,8 +50,10 @@ struct UcxTransport::Impl {
   bool waiting = false;
   int loops = 0;                 // progress and tick loops still running
   asio::steady_timer loops_done;  // cancelled when a loop exits
+  asio::steady_timer backoff;     // the progress loop's pause when arm stays busy
 
-  Impl(asio::io_context& io_, UcxOptions opt) : io(io_), options(std::move(opt)), efd(io_), tick(io_), loops_done(io_) {}
+  Impl(asio::io_context& io_, UcxOptions opt)
+      : io(io_), options(std::move(opt)), efd(io_), tick(io_), loops_done(io_), backoff(io_) {}
 
   void loop_exited() {
     --loops;
@@ -89,7 +92,16 @@ struct UcxTransport::Impl {
       }
       const ucs_status_t st = ucp_worker_arm(worker);
       if (st == UCS_ERR_BUSY) {
-        ucp_worker_progress(worker);
+        // Events pending. Progress, then yield to the event loop: never spin without
+        // yielding (after a peer dies, arm can stay busy while progress finds nothing,
+        // and a synchronous retry loop would starve every other coroutine). When
+        // nothing moves, back off for a millisecond.
+        if (ucp_worker_progress(worker) == 0) {
+          backoff.expires_after(std::chrono::milliseconds(1));
+          co_await backoff.async_wait(asio::as_tuple(asio::use_awaitable));
+        } else {
+          co_await asio::post(io, asio::use_awaitable);
+        }
         continue;
       }
       waiting = true;
@@ -161,7 +173,12 @@ UcxTransport::~UcxTransport() {
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* req = ucp_ep_close_nbx(ep, &p);
     if (UCS_PTR_IS_PTR(req)) {
-      while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(impl_->worker);
+      // Bounded: closing the endpoint of a peer that died mid-transfer may never complete,
+      // and a daemon must not hang its event loop on it.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
+        ucp_worker_progress(impl_->worker);
+      if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(impl_->worker, req);
       ucp_request_free(req);
     }
   }
@@ -178,6 +195,7 @@ asio::awaitable<void> UcxTransport::shutdown() {
   while (impl_->loops > 0) {
     impl_->efd.cancel();
     impl_->tick.cancel();
+    impl_->backoff.cancel();
     impl_->loops_done.expires_after(std::chrono::milliseconds(20));
     co_await impl_->loops_done.async_wait(asio::as_tuple(asio::use_awaitable));
   }
