@@ -127,7 +127,9 @@ try:
         raise SystemExit(finish("daemons"))
     addr, metrics = m.group(1), m.group(2)
     nodes = {r: Daemon("--coordinator", addr, "--node-rank", str(r), "--nodes", "3", "--devices", "host:2:256MiB",
-                       name=f"node{r}") for r in (1, 2)}
+                       "--metrics", "127.0.0.1:0", name=f"node{r}") for r in (1, 2)}
+    m1 = nodes[1].wait_for(r"metrics on (127\.0\.0\.1:\d+)")
+    node1_metrics = m1.group(1) if m1 else None
     j = wait_status(addr, lambda j: j.get("alive") == 3)
     check(j is not None, "three daemons joined: 3 of 3 alive")
     if j:
@@ -205,8 +207,11 @@ try:
         rc, j, err = bench(addr, "--model", model, "--from", src, "--to", dst, "--train", "--verify", "--repeat", "2")
         check(rc == 0 and j.get("verified") is True and j.get("procs", 0) >= 2,
               f"daemons: {model} {src} -> {dst} verified across {j.get('procs')} nodes ({err.strip()[-300:]})")
-        for k in ["seconds_median", "moved_bytes", "gbps", "verified", "transport", "procs", "nodes"]:
+        for k in ["seconds_median", "moved_bytes", "gbps", "verified", "transport", "procs", "nodes", "links"]:
             check(k in j, f"daemons bench JSON has {k}")
+        links = j.get("links", [])
+        check(sum(l["bytes"] for l in links) + j.get("local_bytes", 0) >= j.get("moved_bytes", 1) and
+              all(l["transfers"] > 0 for l in links), f"per-link bytes from the nodes' transfer timings ({links})")
     dump_dir = os.path.join(work, "dump")
     os.makedirs(dump_dir)
     rc, j, err = bench(addr, "--model", "tiny-qwen2-tied", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=2,dp=1,packing=fused,devices=2-5",
@@ -218,6 +223,14 @@ try:
     rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", token=BAD)
     check(rc == 1 and "prove" in err, f"the bench with a wrong token is refused ({err.strip()[-200:]})")
     check(coord.p.poll() is None and nodes[1].p.poll() is None and nodes[2].p.poll() is None, "every daemon still runs")
+    text = http_get(metrics, "/metrics")
+    mm = re.search(r'nereus_transitions_total\{result="ok"\} (\d+)', text)
+    check(mm is not None and int(mm.group(1)) >= 3, "metrics: transitions counted")
+    check(re.search(r'nereus_transition_runs_total\{node="0"\} [1-9]', text) is not None, "metrics: runs")
+    text1 = http_get(node1_metrics, "/metrics") if node1_metrics else ""
+    check(re.search(r'nereus_link_bytes_total\{node="1",src="\d+",dst="[23]"\} [1-9]', text1) is not None,
+          "metrics: bytes node 1 received, per link")
+    check(re.search(r'nereus_link_gbps\{node="1",src="\d+",dst="[23]"\} [0-9.]+', text1) is not None, "metrics: GB/s per link")
 
     # A node killed with SIGKILL: lost within 3 s; restarted, it rejoins.
     victim = nodes[2].p

@@ -100,6 +100,15 @@ struct RunDone {
   localBytes @2 :UInt64;
   transfers @3 :UInt64;
   commits @4 :UInt64;
+  timings @5 :List(Timing);   # every transfer the node received in this run
+}
+
+struct Timing {
+  src @0 :UInt32;             # device
+  dst @1 :UInt32;
+  bytes @2 :UInt64;
+  start @3 :Float64;          # seconds from the node's run start
+  end @4 :Float64;
 }
 
 struct Verified {

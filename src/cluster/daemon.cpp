@@ -197,7 +197,7 @@ struct Daemon::State {
   // An authenticated client: status requests, a transition request (coordinator), or the
   // coordinator driving this node's part of a transition.
   asio::awaitable<void> client_session(Channel& ch) {
-    NodeTransition part(io, o.launch.node_rank, o.device_capacity);
+    NodeTransition part(io, o.launch.node_rank, o.device_capacity, metrics);
     bool in_transition = false;
     std::exception_ptr ended;
     try {
@@ -239,12 +239,16 @@ struct Daemon::State {
     }
     driving = true;
     std::string report, error;
+    const auto t0 = Clock::now();
     try {
       report = co_await drive_transition(spec, nodes, o.devices, o.token);
     } catch (const std::exception& e) {
       error = e.what();
     }
     driving = false;
+    metrics.transition_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const bool failed = !error.empty() || report.find("\"error\"") != std::string::npos;
+    ++(failed ? metrics.transitions_failed : metrics.transitions_ok);
     if (!error.empty()) co_return ErrorReply{error};
     log("transition {} {} -> {} over {} nodes done", spec.model, spec.from, spec.to, nodes.size());
     co_return TransitionResult{report};

@@ -214,7 +214,12 @@ Body body_of(w::Envelope::Body::Reader e) {
     case w::Envelope::Body::RUN: return Run{e.getRun()};
     case w::Envelope::Body::DONE: {
       auto d = e.getDone();
-      return RunDone{d.getSeconds(), d.getLinkBytes(), d.getLocalBytes(), d.getTransfers(), d.getCommits()};
+      RunDone out{d.getSeconds(), d.getLinkBytes(), d.getLocalBytes(), d.getTransfers(), d.getCommits(), {}};
+      const auto timings = d.getTimings();
+      check_size(timings, kMaxBuffers, "timings");
+      out.timings.reserve(timings.size());
+      for (auto t : timings) out.timings.push_back({t.getSrc(), t.getDst(), t.getBytes(), t.getStart(), t.getEnd()});
+      return out;
     }
     case w::Envelope::Body::FAILED: return Failed{text_of(e.getFailed(), "failure")};
     case w::Envelope::Body::ABORT: return Abort{};
@@ -324,6 +329,15 @@ Bytes encode_frame(const Envelope& e) {
                    o.setLocalBytes(d.local_bytes);
                    o.setTransfers(d.transfers);
                    o.setCommits(d.commits);
+                   auto l = o.initTimings(static_cast<unsigned>(d.timings.size()));
+                   for (unsigned i = 0; i < d.timings.size(); ++i) {
+                     const Timing& t = d.timings[i];
+                     l[i].setSrc(t.src);
+                     l[i].setDst(t.dst);
+                     l[i].setBytes(t.bytes);
+                     l[i].setStart(t.start);
+                     l[i].setEnd(t.end);
+                   }
                  },
                  [&](const Failed& f) { body.setFailed(f.error); },
                  [&](const Abort&) { body.setAbort(); },

@@ -2,7 +2,30 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace nereus::cluster {
+
+void Metrics::add_run(double seconds, const std::vector<Timing>& timings) {
+  ++runs;
+  run_seconds += seconds;
+  last_run_seconds = seconds;
+  struct Span {
+    std::uint64_t bytes = 0;
+    double lo = 1e300, hi = 0;
+  };
+  std::map<std::pair<std::uint32_t, std::uint32_t>, Span> spans;
+  for (const Timing& t : timings) {
+    Link& l = links[{t.src, t.dst}];
+    l.bytes += t.bytes;
+    ++l.transfers;
+    Span& s = spans[{t.src, t.dst}];
+    s.bytes += t.bytes;
+    s.lo = std::min(s.lo, t.start);
+    s.hi = std::max(s.hi, t.end);
+  }
+  for (const auto& [key, s] : spans) links[key].last_gbps = s.hi > s.lo ? static_cast<double>(s.bytes) / (s.hi - s.lo) / 1e9 : 0;
+}
 
 std::string render_prometheus(const Metrics& m) {
   std::string out;
@@ -30,7 +53,27 @@ std::string render_prometheus(const Metrics& m) {
   metric("nereus_device_memory_capacity_bytes", "gauge", "Device memory capacity.");
   for (const auto& d : m.devices)
     out += fmt::format("nereus_device_memory_capacity_bytes{{{},device=\"{}\"}} {}\n", node, d.id, d.capacity);
+  metric("nereus_link_bytes_total", "counter", "Bytes this node received, per source and destination device.");
+  for (const auto& [k, l] : m.links)
+    out += fmt::format("nereus_link_bytes_total{{{},src=\"{}\",dst=\"{}\"}} {}\n", node, k.first, k.second, l.bytes);
+  metric("nereus_link_transfers_total", "counter", "Transfers this node received, per source and destination device.");
+  for (const auto& [k, l] : m.links)
+    out += fmt::format("nereus_link_transfers_total{{{},src=\"{}\",dst=\"{}\"}} {}\n", node, k.first, k.second, l.transfers);
+  metric("nereus_link_gbps", "gauge", "GB/s of each link over its busy span in the last run.");
+  for (const auto& [k, l] : m.links)
+    out += fmt::format("nereus_link_gbps{{{},src=\"{}\",dst=\"{}\"}} {:.6f}\n", node, k.first, k.second, l.last_gbps);
+  metric("nereus_transition_runs_total", "counter", "Transition runs this node took part in.");
+  out += fmt::format("nereus_transition_runs_total{{{}}} {}\n", node, m.runs);
+  metric("nereus_transition_run_seconds_total", "counter", "Time this node spent in transition runs.");
+  out += fmt::format("nereus_transition_run_seconds_total{{{}}} {:.6f}\n", node, m.run_seconds);
+  metric("nereus_transition_run_last_seconds", "gauge", "This node's last transition run.");
+  out += fmt::format("nereus_transition_run_last_seconds{{{}}} {:.6f}\n", node, m.last_run_seconds);
   if (m.coordinator) {
+    metric("nereus_transitions_total", "counter", "Transitions the coordinator drove, by result.");
+    out += fmt::format("nereus_transitions_total{{result=\"ok\"}} {}\n", m.transitions_ok);
+    out += fmt::format("nereus_transitions_total{{result=\"failed\"}} {}\n", m.transitions_failed);
+    metric("nereus_transition_seconds_total", "counter", "Total duration of the transitions the coordinator drove.");
+    out += fmt::format("nereus_transition_seconds_total {:.6f}\n", m.transition_seconds);
     metric("nereus_heartbeats_received_total", "counter", "Heartbeats the coordinator received from all nodes.");
     out += fmt::format("nereus_heartbeats_received_total {}\n", m.heartbeats_received);
     metric("nereus_nodes", "gauge", "Nodes of the job, by state.");

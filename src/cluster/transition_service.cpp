@@ -77,7 +77,8 @@ asio::awaitable<void> pump(Channel& ch, std::size_t index, Inbox& inbox) {
 /// The driver's state for one transition.
 class Driver {
  public:
-  Driver(asio::any_io_executor ex, const TransitionSpec& spec) : spec_(spec), inbox_(ex), pumps_(ex) {}
+  Driver(asio::any_io_executor ex, const TransitionSpec& spec, int devices_per_node)
+      : spec_(spec), per_node_(devices_per_node), inbox_(ex), pumps_(ex) {}
 
   asio::awaitable<void> connect(const std::vector<NodeAddress>& nodes, const std::string& token) {
     for (const NodeAddress& n : nodes) {
@@ -150,6 +151,7 @@ class Driver {
     std::vector<double> secs;
     double detected = 0;
     RunDone last{};
+    json link_stats = json::array();
     for (int i = 0; i < spec_.repeat && error_.empty(); ++i) {
       const auto t0 = clock::now();
       const Body run = Run{static_cast<std::uint32_t>(i)};
@@ -162,6 +164,7 @@ class Driver {
         last.link_bytes += d.link_bytes;
         last.local_bytes += d.local_bytes;
       }
+      link_stats = links(done);
     }
     if (!error_.empty()) {
       const std::string first = error_;
@@ -185,6 +188,7 @@ class Driver {
       out["copied_bytes"] = last.link_bytes + last.local_bytes;
       out["copy_gbps"] = static_cast<double>(last.link_bytes + last.local_bytes) / median / 1e9;
       out["verified"] = nullptr;
+      out["links"] = link_stats;
       if (spec_.verify) {
         const Body verify = Verify{false};
         co_await broadcast(verify);
@@ -228,7 +232,30 @@ class Driver {
     if (error_.empty()) error_ = e;
   }
 
+  /// The last run's transfers per (source node, destination node).
+  json links(const std::map<int, RunDone>& done) const {
+    struct Span {
+      std::uint64_t bytes = 0, transfers = 0;
+      double lo = 1e300, hi = 0;
+    };
+    std::map<std::pair<int, int>, Span> spans;
+    for (const auto& [rank, d] : done)
+      for (const Timing& t : d.timings) {
+        Span& s = spans[{static_cast<int>(t.src) / per_node_, static_cast<int>(t.dst) / per_node_}];
+        s.bytes += t.bytes;
+        ++s.transfers;
+        s.lo = std::min(s.lo, t.start);
+        s.hi = std::max(s.hi, t.end);
+      }
+    json out = json::array();
+    for (const auto& [k, s] : spans)
+      out.push_back({{"src_node", k.first}, {"dst_node", k.second}, {"bytes", s.bytes}, {"transfers", s.transfers},
+                     {"gbps", s.hi > s.lo ? static_cast<double>(s.bytes) / (s.hi - s.lo) / 1e9 : 0.0}});
+    return out;
+  }
+
   const TransitionSpec& spec_;
+  int per_node_;
   Inbox inbox_;
   AsyncScope pumps_;
   std::vector<Link> links_;
@@ -253,7 +280,7 @@ asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const 
                   " devices are)");
     use.push_back(*it);
   }
-  Driver driver(co_await asio::this_coro::executor, spec);
+  Driver driver(co_await asio::this_coro::executor, spec, devices_per_node);
   std::string connect_error;
   try {
     co_await driver.connect(use, token);
@@ -282,6 +309,7 @@ struct NodeTransition::State {
   asio::io_context& io;
   int rank;
   std::uint64_t capacity;
+  Metrics& metrics;
   // On the heap so that a participant whose run would not stop can be left running with
   // what it references (see close()).
   std::unique_ptr<bench::TransitionConfig> config;
@@ -290,7 +318,7 @@ struct NodeTransition::State {
   int kill_node = -1;
   asio::steady_timer doom{io};
 
-  State(asio::io_context& i, int r, std::uint64_t cap) : io(i), rank(r), capacity(cap) {}
+  State(asio::io_context& i, int r, std::uint64_t cap, Metrics& m) : io(i), rank(r), capacity(cap), metrics(m) {}
 
   void reset() {
     part.reset();
@@ -315,8 +343,8 @@ struct NodeTransition::State {
   }
 };
 
-NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity)
-    : s_(std::make_unique<State>(io, node_rank, device_capacity)) {}
+NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics)
+    : s_(std::make_unique<State>(io, node_rank, device_capacity, metrics)) {}
 NodeTransition::~NodeTransition() = default;
 
 asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
@@ -343,11 +371,17 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
         s.doom.async_wait([](auto) { ::raise(SIGKILL); });
       }
       const std::uint64_t id = m.request_id;
-      s.part->run([&ch, id](bench::RunResult r) -> asio::awaitable<void> {
-        const Envelope e{kProtocolVersion, id, 0,
-                         r.ok ? Body{RunDone{r.report.seconds, r.report.link_bytes, r.report.local_bytes, r.report.timings.size(),
-                                             r.report.commits.size()}}
-                              : Body{Failed{r.error}}};
+      s.part->run([&ch, id, &metrics = s.metrics](bench::RunResult r) -> asio::awaitable<void> {
+        Body body = Failed{r.error};
+        if (r.ok) {
+          RunDone d{r.report.seconds, r.report.link_bytes, r.report.local_bytes, r.report.timings.size(), r.report.commits.size(), {}};
+          d.timings.reserve(r.report.timings.size());
+          for (const TransferTiming& t : r.report.timings)
+            d.timings.push_back({static_cast<std::uint32_t>(t.src), static_cast<std::uint32_t>(t.dst), t.bytes, t.start, t.end});
+          metrics.add_run(d.seconds, d.timings);
+          body = std::move(d);
+        }
+        const Envelope e{kProtocolVersion, id, 0, std::move(body)};
         try {
           co_await ch.send(e);
         } catch (const std::exception&) {  // the coordinator went away; close() cleans up

@@ -102,9 +102,15 @@ struct Connected {};
 struct Run {
   std::uint32_t iteration = 0;
 };
+struct Timing {
+  std::uint32_t src = 0, dst = 0;
+  std::uint64_t bytes = 0;
+  double start = 0, end = 0;
+};
 struct RunDone {
   double seconds = 0;
   std::uint64_t link_bytes = 0, local_bytes = 0, transfers = 0, commits = 0;
+  std::vector<Timing> timings;
 };
 struct Failed {
   std::string error;

@@ -22,6 +22,19 @@ struct Metrics {
   std::uint64_t joins = 0;                ///< this node's (re)joins of the coordinator
   int nodes_expected = 0, nodes_alive = 0;  ///< coordinator only
   std::vector<DeviceInfo> devices;        ///< this node's devices
+  /// Transfers this node received, per (source device, destination device).
+  struct Link {
+    std::uint64_t bytes = 0, transfers = 0;
+    double last_gbps = 0;  ///< the link's bytes over its busy span in the last run
+  };
+  std::map<std::pair<std::uint32_t, std::uint32_t>, Link> links;
+  std::uint64_t runs = 0;             ///< transition runs this node took part in
+  double run_seconds = 0, last_run_seconds = 0;
+  std::uint64_t transitions_ok = 0, transitions_failed = 0;  ///< coordinator: transitions driven
+  double transition_seconds = 0;      ///< coordinator: their total duration
+
+  /// Counts one run's transfers (per link, as received here).
+  void add_run(double seconds, const std::vector<Timing>& timings);
 };
 
 /// The metrics as Prometheus text.

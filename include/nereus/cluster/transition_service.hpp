@@ -13,6 +13,7 @@
 #include "nereus/cluster/channel.hpp"
 #include "nereus/cluster/launch.hpp"
 #include "nereus/cluster/messages.hpp"
+#include "nereus/cluster/metrics.hpp"
 
 namespace nereus::cluster {
 
@@ -23,7 +24,9 @@ struct NodeAddress {
 };
 
 /// Runs the transition over `nodes` (every alive node; each owns `devices_per_node`
-/// devices, numbered node by node) and returns the report JSON. Bad requests throw
+/// devices, numbered node by node) and returns the report JSON; its `links` list the last
+/// run's bytes, transfers and GB/s per (source node, destination node), from the
+/// per-transfer timings every node reports. Bad requests throw
 /// nereus::Error; a node lost mid-way is reported in the JSON (error, verified_sources).
 asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const std::vector<NodeAddress>& nodes,
                                               int devices_per_node, const std::string& token);
@@ -31,7 +34,8 @@ asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const 
 /// One node's part of a transition, answering the coordinator on one channel.
 class NodeTransition {
  public:
-  NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity);
+  /// Runs are counted in `metrics` (per-link bytes and transfers, run times).
+  NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics);
   ~NodeTransition();
   /// Handles one message of the exchange; false when the message is not part of it.
   asio::awaitable<bool> handle(Channel& ch, const Envelope& m);
