@@ -81,7 +81,7 @@ def wait_status(coord, cond, timeout=10):
     return None
 
 
-def bench(coord, *args, token=TOKEN, timeout=180):
+def bench(coord, *args, token=TOKEN, timeout=300):
     r = subprocess.run([NEREUS, "bench", "transition", "--daemons", coord, "--token-file", token, "--json", *args],
                        capture_output=True, text=True, timeout=timeout)
     out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
@@ -218,6 +218,15 @@ try:
                        "--train", "--dump", dump_dir, "--repeat", "1")
     check(rc == 0, f"daemons bench with --dump ({err.strip()[-300:]})")
     check_dump(NEREUS, dump_dir, "tiny-qwen2-tied")
+    # A gigabyte model: nodes fill and verify off their event loops, so they keep
+    # heartbeating and nobody is declared lost meanwhile.
+    lost_before = coord.text().count(" lost: ")
+    rc, j, err = bench(addr, "--model", "qwen2.5-0.5b", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=2,dp=2,devices=2-5",
+                       "--capacity", "1GiB", "--verify", "--repeat", "1", timeout=600)
+    check(rc == 0 and j.get("verified") is True, f"daemons: qwen2.5-0.5b ({j.get('target_bytes', 0) / 1e9:.2f} GB) verified ({err.strip()[-300:]})")
+    st = wait_status(addr, lambda j: j.get("alive") == 3, timeout=5)
+    check(st is not None and all(m_["joins"] == 1 for m_ in st["members"]) and coord.text().count(" lost: ") == lost_before,
+          "no node lost or rejoined while gigabytes were filled and verified")
     rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=4")
     check(rc == 1 and "node 3" in err and "not alive" in err, f"a layout beyond the daemons' devices: one clear error ({err.strip()[-200:]})")
     rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", token=BAD)

@@ -43,8 +43,9 @@ Participant::~Participant() {
   if (scope_.pending() > 0) std::_Exit(3);  // a transfer that would not stop still writes our arenas
 }
 
-PeerInfo Participant::start() {
-  store_.allocate_and_fill(c_.copy_threads);
+void Participant::fill() { store_.allocate_and_fill(c_.copy_threads); }
+
+PeerInfo Participant::publish() {
   PeerInfo info;
   info.rank = self_;
   info.address = ucx_.address();

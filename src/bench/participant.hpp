@@ -34,9 +34,15 @@ class Participant {
               std::function<PeerId(DeviceId)> owner);
   ~Participant();
 
-  /// Allocates the units (throws Error when a device cap is too small), fills the sources
-  /// and registers the arenas with UCX.
-  PeerInfo start();
+  /// Allocates the units (throws Error when a device cap is too small) and fills the
+  /// sources. No UCX calls: a daemon runs this off its event loop thread.
+  void fill();
+  /// Registers the arenas with UCX; what the peers need (on the event loop thread).
+  PeerInfo publish();
+  PeerInfo start() {
+    fill();
+    return publish();
+  }
   /// Connects to every other peer and binds the transition.
   void connect(const std::vector<PeerInfo>& peers);
   /// Starts one run in the background; `done` is called with its outcome.
@@ -46,6 +52,7 @@ class Participant {
   asio::awaitable<bool> abort(std::chrono::milliseconds limit);
   /// Waits for a started run (unless abort() gave up on it).
   asio::awaitable<void> settle();
+  // These three touch only memory and files (no UCX): a daemon runs them off its loop.
   FillCheck verify_sources() const;
   FillCheck verify_targets() const;
   nlohmann::json dump(const std::string& dir) const;

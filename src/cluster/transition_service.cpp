@@ -3,6 +3,8 @@
 
 #include <signal.h>
 
+#include <boost/asio/thread_pool.hpp>
+
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -339,8 +341,20 @@ struct NodeTransition::State {
       if (static_cast<int>(d) / per == rank) mine.push_back(d);
     part = std::make_unique<bench::Participant>(io, *config, *prepared, mine, static_cast<PeerId>(rank),
                                                 [per](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per); });
-    return Ready{part->start()};
+    return Connected{};  // prepared; handle() fills off the loop, then publishes
   }
+
+  /// Runs `f` on the helper thread and resumes on the event loop: filling and checking
+  /// gigabytes must not stall heartbeats and the other sessions.
+  /// (Named locals only around co_await: GCC 12 destroys some temporaries there twice.)
+  template <class F>
+  asio::awaitable<std::invoke_result_t<F>> offload(F f) {
+    auto work = [f = std::move(f)]() -> asio::awaitable<std::invoke_result_t<F>> { co_return f(); };
+    auto result = co_await asio::co_spawn(helper.get_executor(), std::move(work), asio::use_awaitable);
+    co_return result;
+  }
+
+  asio::thread_pool helper{1};
 };
 
 NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics)
@@ -355,6 +369,12 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
   try {
     if (auto* p = std::get_if<Prepare>(&m.body)) {
       reply = s.prepare(*p);
+      if (std::holds_alternative<Connected>(reply)) {
+        bench::Participant* part = s.part.get();
+        auto fill = [part] { part->fill(); return 0; };
+        co_await s.offload(fill);
+        reply = Ready{part->publish()};
+      }
     } else if (!s.part) {
       if (!std::holds_alternative<Finish>(m.body) && !std::holds_alternative<Abort>(m.body) &&
           !std::holds_alternative<Verify>(m.body))
@@ -393,10 +413,13 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
       reply = Aborted{!stopped};
     } else if (auto* v = std::get_if<Verify>(&m.body)) {
       co_await s.part->settle();
-      const FillCheck src = s.part->verify_sources();
+      bench::Participant* part = s.part.get();
+      auto check_sources = [part] { return part->verify_sources(); };
+      auto check_targets = [part] { return part->verify_targets(); };
+      const FillCheck src = co_await s.offload(check_sources);
       Verified out{src.ok, false, src.bytes, src.ok ? "" : "source " + src.first_error};
       if (!v->sources_only) {
-        const FillCheck dst = s.part->verify_targets();
+        const FillCheck dst = co_await s.offload(check_targets);
         out.targets_ok = dst.ok;
         out.bytes = dst.bytes;
         if (!dst.ok) out.error = dst.first_error;
@@ -404,7 +427,11 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
       reply = out;
     } else if (auto* d = std::get_if<Dump>(&m.body)) {
       Dumped out;
-      for (const auto& f : s.part->dump(d->dir)) out.files.push_back(f.dump());
+      bench::Participant* part = s.part.get();
+      const std::string dir = d->dir;
+      auto write = [part, dir] { return part->dump(dir); };
+      const json files = co_await s.offload(write);
+      for (const auto& f : files) out.files.push_back(f.dump());
       reply = out;
     } else if (std::holds_alternative<Finish>(m.body)) {
       co_await close();
