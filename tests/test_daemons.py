@@ -309,13 +309,16 @@ try:
         at = f"127.0.0.1:{free}"
         log = open(os.path.join(work, "mpirun.log"), "w+")
         mp = subprocess.Popen([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", "--mca", "btl", "self,tcp",
-                               NEREUSD, "--token-file", TOKEN, "--coordinator", at, "--devices", "host:1:16MiB"],
+                               NEREUSD, "--token-file", TOKEN, "--coordinator", at, "--devices", "host:1:128MiB"],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(mp)
         j = wait_status(at, lambda j: j.get("alive") == 3, timeout=30)
         log.seek(0)
         text = log.read()
         check(j is not None and "from mpirun" in text, f"mpirun -np 3: three daemons joined ({text[-400:]})")
+        rc, j, err = bench(at, "--model", "tiny-llama", "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=3", "--train", "--verify")
+        check(rc == 0 and j.get("verified") is True and j.get("procs") == 3,
+              f"a transition across the mpirun-launched daemons verifies ({err.strip()[-300:]})")
         os.killpg(mp.pid, signal.SIGTERM)
         try:
             mp.wait(20)
