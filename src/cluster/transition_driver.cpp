@@ -1,9 +1,5 @@
-// Transitions across daemons: the coordinator's driver and a node's part.
+// Transitions across daemons: the coordinator's driver (transition_service.hpp).
 #include "nereus/cluster/transition_service.hpp"
-
-#include <signal.h>
-
-#include <boost/asio/thread_pool.hpp>
 
 #include <deque>
 #include <filesystem>
@@ -13,38 +9,22 @@
 #include <optional>
 #include <set>
 
-#include "../bench/participant.hpp"
+#include "../bench/transition_bench.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/core/error.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/inbox.hpp"
+#include "transition_config.hpp"
 
 namespace nereus::cluster {
 
 namespace {
 
+using detail::config_of;
+
 using clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-bench::TransitionConfig config_of(const TransitionSpec& s) {
-  bench::TransitionConfig c;
-  c.model = s.model;
-  c.from = s.from;
-  c.to = s.to;
-  c.train = s.train;
-  c.sync = s.sync;
-  c.transport = "ucx";
-  c.repeat = s.repeat;
-  c.verify = s.verify;
-  c.dump_dir = s.dump_dir;
-  c.capacity = s.capacity;
-  c.copy_threads = std::max(1u, s.copy_threads);
-  c.per_link = std::max(1u, s.per_link);
-  c.chunk_bytes = std::max<std::uint64_t>(s.chunk_bytes, 4096);
-  c.gpus_per_node = s.gpus_per_node;
-  c.timeout_seconds = s.timeout_seconds > 0 ? s.timeout_seconds : 300;
-  return c;
-}
 
 /// What arrived from node `index`: a message, or the reason its channel ended.
 struct Arrival {
@@ -303,168 +283,6 @@ asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const 
   for (const auto& n : use) ranks.push_back(n.rank);
   out["nodes"] = ranks;
   co_return out.dump();
-}
-
-// ---- a node's part ------------------------------------------------------------------
-
-struct NodeTransition::State {
-  asio::io_context& io;
-  int rank;
-  std::uint64_t capacity;
-  Metrics& metrics;
-  // On the heap so that a participant whose run would not stop can be left running with
-  // what it references (see close()).
-  std::unique_ptr<bench::TransitionConfig> config;
-  std::unique_ptr<bench::Prepared> prepared;
-  std::unique_ptr<bench::Participant> part;
-  int kill_node = -1;
-  asio::steady_timer doom{io};
-
-  State(asio::io_context& i, int r, std::uint64_t cap, Metrics& m) : io(i), rank(r), capacity(cap), metrics(m) {}
-
-  void reset() {
-    part.reset();
-    prepared.reset();
-    config.reset();
-  }
-
-  Body prepare(const Prepare& m) {
-    if (part) return Failed{"node " + std::to_string(rank) + " is already in a transition"};
-    if (m.devices_per_node < 1) return Failed{"devices per node must be positive"};
-    config = std::make_unique<bench::TransitionConfig>(config_of(m.spec));
-    if (config->capacity.empty()) config->capacity = std::to_string(capacity);
-    kill_node = m.spec.kill_node;
-    prepared = std::make_unique<bench::Prepared>(bench::prepare(*config));
-    const int per = m.devices_per_node;
-    std::vector<DeviceId> mine;
-    for (DeviceId d : prepared->devices)
-      if (static_cast<int>(d) / per == rank) mine.push_back(d);
-    part = std::make_unique<bench::Participant>(io, *config, *prepared, mine, static_cast<PeerId>(rank),
-                                                [per](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per); });
-    return Connected{};  // prepared; handle() fills off the loop, then publishes
-  }
-
-  /// Runs `f` on the helper thread and resumes on the event loop: filling and checking
-  /// gigabytes must not stall heartbeats and the other sessions.
-  /// (Named locals only around co_await: GCC 12 destroys some temporaries there twice.)
-  template <class F>
-  asio::awaitable<std::invoke_result_t<F>> offload(F f) {
-    auto work = [f = std::move(f)]() -> asio::awaitable<std::invoke_result_t<F>> { co_return f(); };
-    auto result = co_await asio::co_spawn(helper.get_executor(), std::move(work), asio::use_awaitable);
-    co_return result;
-  }
-
-  asio::thread_pool helper{1};
-};
-
-NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics)
-    : s_(std::make_unique<State>(io, node_rank, device_capacity, metrics)) {}
-NodeTransition::~NodeTransition() = default;
-
-asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
-  State& s = *s_;
-  Body reply;
-  bool answer = true;
-  std::string failure;
-  try {
-    if (auto* p = std::get_if<Prepare>(&m.body)) {
-      reply = s.prepare(*p);
-      if (std::holds_alternative<Connected>(reply)) {
-        bench::Participant* part = s.part.get();
-        auto fill = [part] { part->fill(); return 0; };
-        co_await s.offload(fill);
-        reply = Ready{part->publish()};
-      }
-    } else if (!s.part) {
-      if (!std::holds_alternative<Finish>(m.body) && !std::holds_alternative<Abort>(m.body) &&
-          !std::holds_alternative<Verify>(m.body))
-        co_return false;
-      reply = std::holds_alternative<Finish>(m.body) ? Body{Finished{}}
-              : std::holds_alternative<Abort>(m.body) ? Body{Aborted{false}}
-                                                       : Body{Failed{"no transition on node " + std::to_string(s.rank)}};
-    } else if (auto* peers = std::get_if<Peers>(&m.body)) {
-      s.part->connect(peers->all);
-      reply = Connected{};
-    } else if (std::holds_alternative<Run>(m.body)) {
-      if (s.kill_node == s.rank) {  // fault injection: this daemon dies 3 ms into the run
-        s.doom.expires_after(std::chrono::milliseconds(3));
-        s.doom.async_wait([](auto) { ::raise(SIGKILL); });
-      }
-      const std::uint64_t id = m.request_id;
-      s.part->run([&ch, id, &metrics = s.metrics](bench::RunResult r) -> asio::awaitable<void> {
-        Body body = Failed{r.error};
-        if (r.ok) {
-          RunDone d{r.report.seconds, r.report.link_bytes, r.report.local_bytes, r.report.timings.size(), r.report.commits.size(), {}};
-          d.timings.reserve(r.report.timings.size());
-          for (const TransferTiming& t : r.report.timings)
-            d.timings.push_back({static_cast<std::uint32_t>(t.src), static_cast<std::uint32_t>(t.dst), t.bytes, t.start, t.end});
-          metrics.add_run(d.seconds, d.timings);
-          body = std::move(d);
-        }
-        const Envelope e{kProtocolVersion, id, 0, std::move(body)};
-        try {
-          co_await ch.send(e);
-        } catch (const std::exception&) {  // the coordinator went away; close() cleans up
-        }
-      });
-      answer = false;
-    } else if (std::holds_alternative<Abort>(m.body)) {
-      const bool stopped = co_await s.part->abort(std::chrono::seconds(2));
-      reply = Aborted{!stopped};
-    } else if (auto* v = std::get_if<Verify>(&m.body)) {
-      co_await s.part->settle();
-      bench::Participant* part = s.part.get();
-      auto check_sources = [part] { return part->verify_sources(); };
-      auto check_targets = [part] { return part->verify_targets(); };
-      const FillCheck src = co_await s.offload(check_sources);
-      Verified out{src.ok, false, src.bytes, src.ok ? "" : "source " + src.first_error};
-      if (!v->sources_only) {
-        const FillCheck dst = co_await s.offload(check_targets);
-        out.targets_ok = dst.ok;
-        out.bytes = dst.bytes;
-        if (!dst.ok) out.error = dst.first_error;
-      }
-      reply = out;
-    } else if (auto* d = std::get_if<Dump>(&m.body)) {
-      Dumped out;
-      bench::Participant* part = s.part.get();
-      const std::string dir = d->dir;
-      auto write = [part, dir] { return part->dump(dir); };
-      const json files = co_await s.offload(write);
-      for (const auto& f : files) out.files.push_back(f.dump());
-      reply = out;
-    } else if (std::holds_alternative<Finish>(m.body)) {
-      co_await close();
-      reply = Finished{};
-    } else {
-      co_return false;
-    }
-  } catch (const Error& e) {
-    failure = e.what();
-  }
-  if (!failure.empty()) {
-    reply = Failed{failure};
-    answer = true;
-  }
-  if (answer) {
-    const Envelope e{kProtocolVersion, m.request_id, 0, std::move(reply)};
-    co_await ch.send(e);
-  }
-  co_return true;
-}
-
-asio::awaitable<void> NodeTransition::close() {
-  State& s = *s_;
-  if (!s.part) co_return;
-  const bool finished = co_await s.part->finish(std::chrono::seconds(2));
-  if (!finished) {
-    // A transfer that would not stop still writes the arenas: leave it, and what it
-    // references, allocated for good rather than free memory under it.
-    (void)s.part.release();
-    (void)s.prepared.release();
-    (void)s.config.release();
-  }
-  s.reset();
 }
 
 }  // namespace nereus::cluster
