@@ -27,6 +27,7 @@ struct NodeTransition::State {
   std::unique_ptr<bench::TransitionConfig> config;
   std::unique_ptr<bench::Prepared> prepared;
   std::unique_ptr<bench::Participant> part;
+  std::shared_ptr<Channel*> reply_to;  // where runs report; cleared when the session ends
   int kill_node = -1;
   asio::steady_timer doom{io};
 
@@ -101,7 +102,10 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
         s.doom.async_wait([](auto) { ::raise(SIGKILL); });
       }
       const std::uint64_t id = m.request_id;
-      s.part->run([&ch, id, &metrics = s.metrics](bench::RunResult r) -> asio::awaitable<void> {
+      // The run may outlive this channel (a transfer that would not stop is left behind by
+      // close()): it replies through a handle that close() clears, never the channel itself.
+      s.reply_to = std::make_shared<Channel*>(&ch);
+      s.part->run([reply_to = s.reply_to, id, &metrics = s.metrics](bench::RunResult r) -> asio::awaitable<void> {
         Body body = Failed{r.error};
         if (r.ok) {
           RunDone d{r.report.seconds, r.report.link_bytes, r.report.local_bytes, r.report.timings.size(), r.report.commits.size(), {}};
@@ -112,8 +116,9 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
           body = std::move(d);
         }
         const Envelope e{kProtocolVersion, id, 0, std::move(body)};
+        if (!*reply_to) co_return;  // the session is gone
         try {
-          co_await ch.send(e);
+          co_await (*reply_to)->send(e);
         } catch (const std::exception&) {  // the coordinator went away; close() cleans up
         }
       });
@@ -165,6 +170,7 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
 
 asio::awaitable<void> NodeTransition::close() {
   State& s = *s_;
+  if (s.reply_to) *s.reply_to = nullptr;
   if (!s.part) co_return;
   const bool finished = co_await s.part->finish(std::chrono::seconds(2));
   if (!finished) {

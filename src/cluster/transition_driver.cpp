@@ -271,9 +271,15 @@ asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const 
   }
   json out;
   if (connect_error.empty()) {
-    const Body prepare = Prepare{spec, devices_per_node};
-    co_await driver.broadcast(prepare);
-    out = co_await driver.run(p);
+    std::string failed;
+    try {  // whatever happens, the pumps are joined below before the driver goes away
+      const Body prepare = Prepare{spec, devices_per_node};
+      co_await driver.broadcast(prepare);
+      out = co_await driver.run(p);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    if (!failed.empty()) out["error"] = "coordinator: " + failed;
   } else {
     out["error"] = "cannot reach a node: " + connect_error;
   }

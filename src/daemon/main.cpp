@@ -67,6 +67,7 @@ int run(const Args& a) {
   std::string error;
   asio::co_spawn(io, d.run(), [&](std::exception_ptr e) {
     signals.cancel();
+    io.stop();  // a transfer left behind on a dead peer must not keep the process alive
     if (!e) return;
     try {
       std::rethrow_exception(e);

@@ -178,8 +178,7 @@ UcxTransport::~UcxTransport() {
       const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
       while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
         ucp_worker_progress(impl_->worker);
-      if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(impl_->worker, req);
-      ucp_request_free(req);
+      ucp_request_free(req);  // still in progress: released with the worker
     }
   }
   ucp_worker_destroy(impl_->worker);
