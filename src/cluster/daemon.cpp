@@ -238,20 +238,20 @@ struct Daemon::State {
       nodes.push_back({m.rank, parse_endpoint(m.listen, "node listen address")});
     }
     driving = true;
-    std::string report, error;
+    TransitionOutcome outcome;
+    std::string error;
     const auto t0 = Clock::now();
     try {
-      report = co_await drive_transition(spec, nodes, o.devices, o.token);
+      outcome = co_await drive_transition(spec, nodes, o.devices, o.token);
     } catch (const std::exception& e) {
       error = e.what();
     }
     driving = false;
     metrics.transition_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    const bool failed = !error.empty() || report.find("\"error\"") != std::string::npos;
-    ++(failed ? metrics.transitions_failed : metrics.transitions_ok);
+    ++(!error.empty() || outcome.failed ? metrics.transitions_failed : metrics.transitions_ok);
     if (!error.empty()) co_return ErrorReply{error};
     log("transition {} {} -> {} over {} nodes done", spec.model, spec.from, spec.to, nodes.size());
-    co_return TransitionResult{report};
+    co_return TransitionResult{outcome.report};
   }
 
   ClusterStatus status() {

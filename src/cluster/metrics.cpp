@@ -6,25 +6,25 @@
 
 namespace nereus::cluster {
 
+void LinkSpan::add(const Timing& t) {
+  bytes += t.bytes;
+  ++transfers;
+  lo = std::min(lo, t.start);
+  hi = std::max(hi, t.end);
+}
+
 void Metrics::add_run(double seconds, const std::vector<Timing>& timings) {
   ++runs;
   run_seconds += seconds;
   last_run_seconds = seconds;
-  struct Span {
-    std::uint64_t bytes = 0;
-    double lo = 1e300, hi = 0;
-  };
-  std::map<std::pair<std::uint32_t, std::uint32_t>, Span> spans;
-  for (const Timing& t : timings) {
-    Link& l = links[{t.src, t.dst}];
-    l.bytes += t.bytes;
-    ++l.transfers;
-    Span& s = spans[{t.src, t.dst}];
-    s.bytes += t.bytes;
-    s.lo = std::min(s.lo, t.start);
-    s.hi = std::max(s.hi, t.end);
+  std::map<std::pair<std::uint32_t, std::uint32_t>, LinkSpan> spans;
+  for (const Timing& t : timings) spans[{t.src, t.dst}].add(t);
+  for (const auto& [key, s] : spans) {
+    Link& l = links[key];
+    l.bytes += s.bytes;
+    l.transfers += s.transfers;
+    l.last_gbps = s.gbps();
   }
-  for (const auto& [key, s] : spans) links[key].last_gbps = s.hi > s.lo ? static_cast<double>(s.bytes) / (s.hi - s.lo) / 1e9 : 0;
 }
 
 std::string render_prometheus(const Metrics& m) {

@@ -39,9 +39,10 @@ struct NodeTransition::State {
     config.reset();
   }
 
-  Body prepare(const Prepare& m) {
-    if (part) return Failed{"node " + std::to_string(rank) + " is already in a transition"};
-    if (m.devices_per_node < 1) return Failed{"devices per node must be positive"};
+  /// Plans this node's part; throws nereus::Error (answered as failed) on bad requests.
+  void prepare(const Prepare& m) {
+    if (part) throw Error("node " + std::to_string(rank) + " is already in a transition");
+    if (m.devices_per_node < 1) throw Error("devices per node must be positive");
     config = std::make_unique<bench::TransitionConfig>(config_of(m.spec));
     if (config->capacity.empty()) config->capacity = std::to_string(capacity);
     kill_node = m.spec.kill_node;
@@ -52,7 +53,6 @@ struct NodeTransition::State {
       if (static_cast<int>(d) / per == rank) mine.push_back(d);
     part = std::make_unique<bench::Participant>(io, *config, *prepared, mine, static_cast<PeerId>(rank),
                                                 [per](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per); });
-    return Connected{};  // prepared; handle() fills off the loop, then publishes
   }
 
   /// Runs `f` on the helper thread and resumes on the event loop: filling and checking
@@ -79,20 +79,16 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
   std::string failure;
   try {
     if (auto* p = std::get_if<Prepare>(&m.body)) {
-      reply = s.prepare(*p);
-      if (std::holds_alternative<Connected>(reply)) {
-        bench::Participant* part = s.part.get();
-        auto fill = [part] { part->fill(); return 0; };
-        co_await s.offload(fill);
-        reply = Ready{part->publish()};
-      }
-    } else if (!s.part) {
-      if (!std::holds_alternative<Finish>(m.body) && !std::holds_alternative<Abort>(m.body) &&
-          !std::holds_alternative<Verify>(m.body))
-        co_return false;
-      reply = std::holds_alternative<Finish>(m.body) ? Body{Finished{}}
-              : std::holds_alternative<Abort>(m.body) ? Body{Aborted{false}}
-                                                       : Body{Failed{"no transition on node " + std::to_string(s.rank)}};
+      s.prepare(*p);
+      bench::Participant* part = s.part.get();
+      auto fill = [part] { part->fill(); return 0; };
+      co_await s.offload(fill);  // gigabytes: off the event loop
+      reply = Ready{part->publish()};
+    } else if (!s.part) {  // nothing prepared (it failed, or the session is new)
+      if (std::holds_alternative<Finish>(m.body)) reply = Finished{};
+      else if (std::holds_alternative<Abort>(m.body)) reply = Aborted{false};
+      else if (std::holds_alternative<Verify>(m.body)) reply = Failed{"no transition on node " + std::to_string(s.rank)};
+      else co_return false;
     } else if (auto* peers = std::get_if<Peers>(&m.body)) {
       s.part->connect(peers->all);
       reply = Connected{};

@@ -216,23 +216,13 @@ class Driver {
 
   /// The last run's transfers per (source node, destination node).
   json links(const std::map<int, RunDone>& done) const {
-    struct Span {
-      std::uint64_t bytes = 0, transfers = 0;
-      double lo = 1e300, hi = 0;
-    };
-    std::map<std::pair<int, int>, Span> spans;
+    std::map<std::pair<int, int>, LinkSpan> spans;
     for (const auto& [rank, d] : done)
-      for (const Timing& t : d.timings) {
-        Span& s = spans[{static_cast<int>(t.src) / per_node_, static_cast<int>(t.dst) / per_node_}];
-        s.bytes += t.bytes;
-        ++s.transfers;
-        s.lo = std::min(s.lo, t.start);
-        s.hi = std::max(s.hi, t.end);
-      }
+      for (const Timing& t : d.timings) spans[{static_cast<int>(t.src) / per_node_, static_cast<int>(t.dst) / per_node_}].add(t);
     json out = json::array();
     for (const auto& [k, s] : spans)
       out.push_back({{"src_node", k.first}, {"dst_node", k.second}, {"bytes", s.bytes}, {"transfers", s.transfers},
-                     {"gbps", s.hi > s.lo ? static_cast<double>(s.bytes) / (s.hi - s.lo) / 1e9 : 0.0}});
+                     {"gbps", s.gbps()}});
     return out;
   }
 
@@ -247,8 +237,8 @@ class Driver {
 
 }  // namespace
 
-asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const std::vector<NodeAddress>& nodes,
-                                              int devices_per_node, const std::string& token) {
+asio::awaitable<TransitionOutcome> drive_transition(const TransitionSpec& spec, const std::vector<NodeAddress>& nodes,
+                                                   int devices_per_node, const std::string& token) {
   const bench::TransitionConfig c = config_of(spec);
   const bench::Prepared p = bench::prepare(c);
   std::set<int> involved;
@@ -288,7 +278,7 @@ asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const 
   json ranks = json::array();
   for (const auto& n : use) ranks.push_back(n.rank);
   out["nodes"] = ranks;
-  co_return out.dump();
+  co_return TransitionOutcome{out.dump(), out.contains("error")};
 }
 
 }  // namespace nereus::cluster

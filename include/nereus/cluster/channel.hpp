@@ -33,7 +33,6 @@ class Channel {
   asio::awaitable<Envelope> call(Body body, Millis limit);
 
   void close();
-  tcp::socket& socket() { return socket_; }
   std::string peer() const { return peer_; }
   void set_peer(std::string p) { peer_ = std::move(p); }
 

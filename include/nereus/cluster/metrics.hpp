@@ -10,6 +10,15 @@
 
 namespace nereus::cluster {
 
+/// One link's transfers in a run: bytes, count, and its busy span (first start to last
+/// end, on the receiving node's clock).
+struct LinkSpan {
+  std::uint64_t bytes = 0, transfers = 0;
+  double lo = 1e300, hi = 0;
+  void add(const Timing& t);
+  double gbps() const { return hi > lo ? static_cast<double>(bytes) / (hi - lo) / 1e9 : 0; }
+};
+
 struct Metrics {
   int node_rank = 0;
   bool coordinator = false;

@@ -28,8 +28,12 @@ struct NodeAddress {
 /// run's bytes, transfers and GB/s per (source node, destination node), from the
 /// per-transfer timings every node reports. Bad requests throw
 /// nereus::Error; a node lost mid-way is reported in the JSON (error, verified_sources).
-asio::awaitable<std::string> drive_transition(const TransitionSpec& spec, const std::vector<NodeAddress>& nodes,
-                                              int devices_per_node, const std::string& token);
+struct TransitionOutcome {
+  std::string report;  ///< the bench's JSON
+  bool failed = false; ///< a node was lost or failed (the report says which)
+};
+asio::awaitable<TransitionOutcome> drive_transition(const TransitionSpec& spec, const std::vector<NodeAddress>& nodes,
+                                                   int devices_per_node, const std::string& token);
 
 /// One node's part of a transition, answering the coordinator on one channel.
 class NodeTransition {
