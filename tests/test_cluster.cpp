@@ -77,6 +77,38 @@ TEST_CASE("frames: every message kind survives a round trip") {
   CHECK(std::get<Hello>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[0]})).body).role == Role::node);
 }
 
+TEST_CASE("frames: the job messages survive a round trip") {
+  const PeerInfo::Buffer buf{3, 5, 17, Slot::exp_avg, 0x7f0000001000, 4096};
+  const UnitDesc unit{9, "actor/train", "tp=2,pp=1,dp=1,devices=4,5"};
+  const std::vector<Body> bodies = {
+      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2},
+      JobOpen{"{}", 2, -1},
+      UnitAlloc{unit, true},
+      UnitAllocated{9, {buf, buf}},
+      UnitBuild{12, {SourceUnit{unit, 1, {buf}}}},
+      UnitFree{9},
+      UnitFreed{9},
+  };
+  for (const Body& b : bodies) {
+    CAPTURE(kind_name(b));
+    REQUIRE(decode_frame(encode_frame({kProtocolVersion, 7, 0, b})).body.index() == b.index());
+  }
+  const auto r = std::get<JobRequest>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[0]})).body);
+  CHECK(r.job == "{\"algorithm\": \"ppo\"}");
+  CHECK(r.response_len_after == 8192);
+  CHECK(r.kill_node == 2);
+  const auto u = std::get<UnitBuild>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[4]})).body);
+  CHECK(u.target == 12);
+  REQUIRE(u.sources.size() == 1);
+  CHECK(u.sources[0].unit.spec == unit.spec);
+  CHECK(u.sources[0].unit.model_stage == "actor/train");
+  CHECK(u.sources[0].group == 1);
+  REQUIRE(u.sources[0].buffers.size() == 1);
+  CHECK(u.sources[0].buffers[0].slot == Slot::exp_avg);
+  CHECK(u.sources[0].buffers[0].address == 0x7f0000001000);
+  CHECK(std::get<UnitAllocated>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[3]})).body).buffers.size() == 2);
+}
+
 TEST_CASE("frames: bad input is one clear error, never a crash") {
   const Bytes good = encode_frame({kProtocolVersion, 1, 0, Heartbeat{1, {{0, 1, 2, 3}}}});
   const Bytes body(good.begin() + 4, good.end());

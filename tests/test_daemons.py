@@ -88,6 +88,34 @@ def bench(coord, *args, token=TOKEN, timeout=300):
     return r.returncode, out, r.stderr
 
 
+def cluster_job(coord, *args, token=TOKEN, timeout=300):
+    r = subprocess.run([NEREUS, "cluster", "job", "--coordinator", coord, "--token-file", token, "--job", "ppo-tiny", "--json", *args],
+                       capture_output=True, text=True, timeout=timeout)
+    out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+    return r.returncode, out, r.stderr
+
+
+# A job's plans across the three daemons (GPUs 0-1 on node 0, 2-3 on node 1, 4-5 on node 2).
+JOB_FROM = {"actor/generate": "tp=1,pp=1,dp=4,devices=0-3", "actor/infer": "tp=1,pp=1,dp=1,devices=0",
+            "actor/train": "tp=1,pp=1,dp=2,devices=0:1", "critic/infer": "tp=1,pp=1,dp=1,devices=1",
+            "critic/train": "tp=1,pp=1,dp=2,devices=2:3", "reference/infer": "tp=1,pp=1,dp=1,devices=2",
+            "reward/infer": "tp=1,pp=1,dp=1,devices=3"}
+JOB_TO = {"actor/generate": "tp=2,pp=1,dp=2,devices=2-5", "actor/infer": "tp=1,pp=1,dp=2,devices=4:5",
+          "actor/train": "tp=2,pp=1,dp=2,devices=2-5", "critic/infer": "tp=1,pp=1,dp=1,devices=3",
+          "critic/train": "tp=1,pp=2,dp=2,devices=2-5", "reference/infer": "tp=2,pp=1,dp=1,devices=4:5",
+          "reward/infer": "tp=1,pp=1,dp=1,devices=1"}
+
+
+def devices_of(plan):
+    """Every device a plan's specs name."""
+    out = set()
+    for spec in plan.values():
+        for part in spec.split("devices=")[1].split(":"):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def member(j, rank):
     return next((m for m in j.get("members", []) if m["rank"] == rank), {})
 
@@ -276,6 +304,46 @@ try:
     j = wait_status(addr, lambda j: j.get("alive") == 3)
     rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--train", "--verify")
     check(rc == 0 and j.get("verified") is True, f"after the restart, a transition over all three nodes verifies ({err.strip()[-300:]})")
+
+    # A job across the daemons: the coordinator runs the controller, loads the units
+    # (filled), compiles the global transition graph and runs it node by node; every
+    # daemon checks every unit it holds against the fill.
+    rc, j, err = cluster_job(addr, "--response-len", "128", "--response-len-after", "2048")
+    check(rc == 0 and j.get("verified") is True and "decision" in j and j.get("plan"),
+          f"cluster job: the controller's plan loads, it decides ({j.get('decision', {}).get('why')}), every unit verifies ({err.strip()[-300:]})")
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
+    t = j.get("transition", {})
+    check(rc == 0 and t.get("completed") is True and j.get("plan") == JOB_TO and j.get("verified") is True,
+          f"cluster job --to: the graph ran across the daemons, the new plan verifies ({t.get('error')} {err.strip()[-300:]})")
+    kinds = {n["kind"] for n in t.get("graph_nodes", [])}
+    check(len(t.get("graph_nodes", [])) == t.get("builds", -1) + t.get("destroys", -1) and "destroy" in kinds and len(kinds) >= 3,
+          f"every node of the graph ran ({sorted(kinds)})")
+    check(sum(l["bytes"] for l in t.get("links", [])) > 0 and t.get("copied_bytes", 0) >= t.get("moved_bytes", 1),
+          f"per-link bytes from the nodes' timings ({t.get('copied_bytes')} copied, {t.get('moved_bytes')} planned over links)")
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--inject-kill-node", "2")
+    f = j.get("failure", {})
+    check(f.get("lost_nodes") == [2] and "node 2" in j.get("transition", {}).get("error", ""),
+          f"a daemon killed mid-graph stops the transition ({j.get('transition', {}).get('error')})")
+    check(0 < f.get("detected_seconds", -1) < 3, f"detected within 3 s ({f.get('detected_seconds')})")
+    check(f.get("intact_plan") and not devices_of(f["intact_plan"]) & {4, 5},
+          f"every model-stage keeps intact units on the survivors ({f.get('intact_plan')})")
+    rec = (j.get("recovery") or [{}])[0]
+    check("decision" in rec and (not rec.get("transition") or rec["transition"].get("completed") is True),
+          f"the controller replans from them ({rec.get('decision', {}).get('why')})")
+    check(rc == 0 and j.get("verified") is True and j.get("plan") and not devices_of(j["plan"]) & {4, 5},
+          f"nothing the survivors hold is lost: every unit verifies ({j.get('error')} {err.strip()[-300:]})")
+    check(coord.p.poll() is None and nodes[1].p.poll() is None, "the coordinator and node 1 keep running")
+    j = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=10)
+    nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:256MiB", name="node2d")
+    j = wait_status(addr, lambda j: j.get("alive") == 3)
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
+    check(rc == 0 and j.get("verified") is True and j.get("plan") == JOB_TO, f"after a rejoin the job runs over node 2 again ({err.strip()[-300:]})")
+    bad = dict(JOB_TO, **{"reward/infer": "tp=1,pp=1,dp=1,devices=9"})
+    rc, j, err = cluster_job(addr, "--to", json.dumps(bad))
+    check(rc == 1 and "device 9" in err, f"a plan beyond the alive devices: one clear error ({err.strip()[-200:]})")
+    r = subprocess.run([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", "no-such-job"],
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode == 1 and "no-such-job" in r.stderr, f"an unknown job: one clear error ({r.stderr.strip()[-200:]})")
 
     # Orderly stop.
     for d in [nodes[1], nodes[2], coord]:

@@ -4,8 +4,7 @@
 #include "transition_bench.hpp"
 #ifdef NEREUS_HAVE_CLUSTER
 #include "nereus/cluster/auth.hpp"
-#include "nereus/cluster/channel.hpp"
-#include "nereus/cluster/launch.hpp"
+#include "nereus/cluster/client.hpp"
 #endif
 
 namespace nereus::bench {
@@ -22,25 +21,10 @@ int run_on_daemons(const TransitionConfig& in) {
   TransitionSpec spec{c.model,    c.from,         c.to,       c.train,       c.sync,        c.repeat,
                       c.verify,   c.dump_dir,     c.capacity, c.copy_threads, c.per_link,    c.chunk_bytes,
                       c.gpus_per_node, c.timeout_seconds, c.kill_node};
-  asio::io_context io;
-  std::string text;
-  std::exception_ptr err;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    Channel ch(co_await connect_to(at.host, at.port, Millis(5000)));
-    ch.set_peer("coordinator " + at.str());
-    const Hello hello{Role::client, -1, 0, {}};
-    co_await authenticate_as_client(ch, token, hello, Millis(5000));
-    // The whole run: every phase may take up to the timeout.
-    Body ask = spec;
-    const Envelope r = co_await ch.call(std::move(ask), Millis(static_cast<long>(c.timeout_seconds * 1000 * 8)));
-    if (auto* e = std::get_if<ErrorReply>(&r.body)) throw Error(e->message);
-    auto* t = std::get_if<TransitionResult>(&r.body);
-    if (!t) throw Error(std::string("the coordinator answered with ") + kind_name(r.body));
-    text = t->json;
-    ch.close();
-  }, [&](std::exception_ptr e) { err = e; });
-  io.run();
-  if (err) std::rethrow_exception(err);
+  // The whole run: every phase may take up to the timeout.
+  const Body ask = spec;
+  const std::string text =
+      ask_daemon<TransitionResult>(at, token, ask, Millis(static_cast<long>(c.timeout_seconds * 1000 * 8))).json;
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

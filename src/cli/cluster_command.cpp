@@ -1,4 +1,6 @@
 // `nereus cluster status`: what the coordinator knows of the job's nodes.
+// `nereus cluster job`: the coordinator loads a job's units onto the daemons, runs the
+// controller and the job's global transition graph across them, and reports.
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -9,9 +11,11 @@
 #include "nereus/core/error.hpp"
 #ifdef NEREUS_HAVE_CLUSTER
 #include "nereus/cluster/auth.hpp"
-#include "nereus/cluster/channel.hpp"
-#include "nereus/cluster/launch.hpp"
+#include "nereus/cluster/client.hpp"
 #include "nereus/core/bytes.hpp"
+#include "nereus/core/cluster.hpp"
+#include "nereus/core/global_plan.hpp"
+#include "nereus/core/presets.hpp"
 #endif
 
 namespace nereus::cli {
@@ -24,31 +28,20 @@ struct ClusterArgs {
   bool json = false;
 };
 
+struct JobArgs {
+  std::string coordinator, token_file, job, cluster = "h200-node", plan, to;
+  double response_len = 0, response_len_after = 0, timeout = 300;
+  bool no_verify = false, json = false;
+  int kill_node = -1;
+};
+
 #ifdef NEREUS_HAVE_CLUSTER
 using namespace nereus::cluster;
 
 ClusterStatus fetch_status(const ClusterArgs& a) {
   const Endpoint at = parse_endpoint(a.coordinator, "--coordinator");
-  const std::string token = load_token(a.token_file);
-  asio::io_context io;
-  ClusterStatus out;
-  std::exception_ptr err;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    Channel ch(co_await connect_to(at.host, at.port, Millis(a.timeout_ms)));
-    ch.set_peer(at.str());
-    const Hello hello{Role::client, -1, 0, {}};
-    co_await authenticate_as_client(ch, token, hello, Millis(a.timeout_ms));
-    Body ask = StatusRequest{};
-    Envelope r = co_await ch.call(std::move(ask), Millis(a.timeout_ms));
-    if (auto* e = std::get_if<ErrorReply>(&r.body)) throw Error(at.str() + ": " + e->message);
-    auto* s = std::get_if<ClusterStatus>(&r.body);
-    if (!s) throw Error(at.str() + " answered status with " + kind_name(r.body));
-    out = *s;
-    ch.close();
-  }, [&](std::exception_ptr e) { err = e; });
-  io.run();
-  if (err) std::rethrow_exception(err);
-  return out;
+  const Body ask = StatusRequest{};
+  return ask_daemon<ClusterStatus>(at, load_token(a.token_file), ask, Millis(a.timeout_ms));
 }
 
 void run_status(const ClusterArgs& a) {
@@ -73,8 +66,81 @@ void run_status(const ClusterArgs& a) {
     std::cout << fmt::format("{:>4} {:<6} {:<22} {:>8} {:>8} ms {:>6} {:>8}\n", m.rank, m.alive ? "alive" : "lost", m.listen, m.pid,
                              m.ms_since_heartbeat, m.joins, m.devices.size());
 }
+
+/// A plan argument's JSON text: the text itself, or the file it names.
+std::string plan_text(const std::string& arg) { return !arg.empty() && arg.front() == '{' ? arg : read_text_file(arg); }
+
+std::string plan_line(const nlohmann::json& plan) {
+  std::string out;
+  for (const auto& [stage, spec] : plan.items()) out += fmt::format("    {:<18} {}\n", stage, spec.get<std::string>());
+  return out;
+}
+
+std::string transition_lines(const nlohmann::json& t) {
+  std::string out = fmt::format("  transition: {} in {:.3f} s (planned {:.3f} s): {} builds, {} destroys, {} moved, {} copied\n",
+                                t.value("completed", false) ? "completed" : "stopped", t.value("seconds", 0.0),
+                                t.value("planned_seconds", 0.0), t.value("builds", 0), t.value("destroys", 0),
+                                human_bytes(t.value("moved_bytes", std::uint64_t{0})), human_bytes(t.value("copied_bytes", std::uint64_t{0})));
+  if (t.contains("error")) out += fmt::format("    stopped: {}\n", t["error"].get<std::string>());
+  return out;
+}
+
+int run_job(const JobArgs& a) {
+  const Endpoint at = parse_endpoint(a.coordinator, "--coordinator");
+  JobRequest r;
+  r.job = read_file_or_preset(PresetKind::job, a.job, "job");
+  const JobSpec job = parse_job(r.job, a.job);  // bad input fails here, before any daemon is asked
+  r.cluster = read_file_or_preset(PresetKind::cluster, a.cluster, "cluster");
+  parse_cluster(r.cluster, a.cluster);
+  if (!a.plan.empty()) parse_global_plan(job, r.plan = plan_text(a.plan), a.plan);
+  if (!a.to.empty()) parse_global_plan(job, r.target = plan_text(a.to), a.to);
+  r.response_len = a.response_len;
+  r.response_len_after = a.response_len_after;
+  r.verify = !a.no_verify;
+  r.timeout_seconds = a.timeout;
+  r.kill_node = a.kill_node;
+  const Body ask = r;
+  // Loading, the transition, a recovery and the check: each phase may take up to the timeout.
+  const std::string text = ask_daemon<TransitionResult>(at, load_token(a.token_file), ask, Millis(static_cast<long>(a.timeout * 1000 * 8))).json;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw Error("the coordinator's report is not JSON");
+  }
+  const bool ok = !j.contains("error") && (!j.contains("verified") || j["verified"].get<bool>());
+  if (a.json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << fmt::format("job over nodes {}, {} devices each\n  first plan:\n{}", j["nodes"].dump(), j.value("devices_per_node", 0),
+                             plan_line(j["initial_plan"]));
+    if (j.contains("decision"))
+      std::cout << fmt::format("  controller: {} ({})\n", j["decision"].value("admitted", false) ? "admitted" : "kept the plan",
+                               j["decision"].value("why", ""));
+    if (j.contains("transition")) std::cout << transition_lines(j["transition"]);
+    if (j.contains("failure")) {
+      const auto& f = j["failure"];
+      std::cout << fmt::format("  lost nodes {} (noticed after {:.3f} s); intact units:\n{}", f["lost_nodes"].dump(),
+                               f.value("detected_seconds", 0.0), plan_line(f["intact_plan"]));
+    }
+    if (j.contains("recovery"))
+      for (const auto& rec : j["recovery"]) {
+        std::cout << fmt::format("  recovery: {} ({})\n", rec["decision"].value("admitted", false) ? "replanned" : "kept the intact units",
+                                 rec["decision"].value("why", ""));
+        if (rec.contains("transition")) std::cout << transition_lines(rec["transition"]);
+      }
+    if (j.contains("plan")) std::cout << fmt::format("  plan now:\n{}", plan_line(j["plan"]));
+    if (j.contains("verified"))
+      std::cout << fmt::format("  verified: {} ({})\n", j["verified"].get<bool>() ? "yes" : "NO", human_bytes(j.value("verified_bytes", std::uint64_t{0})));
+    if (j.contains("error")) std::cout << fmt::format("  error: {}\n", j["error"].get<std::string>());
+  }
+  return ok ? 0 : 1;
+}
 #else
 void run_status(const ClusterArgs&) {
+  throw Error("this nereus was built without the control plane (Cap'n Proto and OpenSSL were not found)");
+}
+int run_job(const JobArgs&) {
   throw Error("this nereus was built without the control plane (Cap'n Proto and OpenSSL were not found)");
 }
 #endif
@@ -91,6 +157,25 @@ void add_cluster_command(CLI::App& app) {
   status->add_option("--timeout-ms", a->timeout_ms, "give up after this long (default 5000)");
   status->add_flag("--json", a->json, "print one JSON object");
   status->callback([a] { run_status(*a); });
+
+  auto j = std::make_shared<JobArgs>();
+  CLI::App* job = cmd->add_subcommand("job", "Load a job's units onto the daemons and change its plan as the controller decides");
+  job->add_option("--coordinator", j->coordinator, "HOST:PORT of the coordinator")->required();
+  job->add_option("--token-file", j->token_file, "file with the shared secret; else $NEREUS_TOKEN");
+  job->add_option("--job", j->job, "job file or preset (its models: presets, or paths every node can read)")->required();
+  job->add_option("--cluster", j->cluster, "cluster file or preset: the hardware the cost model assumes (default h200-node); "
+                                           "nodes, GPUs per node and memory come from the daemons");
+  job->add_option("--plan", j->plan, "first plan (file or JSON text, devices numbered over the alive nodes); default: the controller's");
+  job->add_option("--to", j->to, "target plan; default: the controller decides");
+  job->add_option("--response-len", j->response_len, "mean response length of the first plan's steps (default: half the job's maximum)");
+  job->add_option("--response-len-after", j->response_len_after, "mean response length when the controller decides (default: unchanged)");
+  job->add_flag("--no-verify", j->no_verify, "skip checking every unit's bytes against the fill at the end");
+  job->add_option("--timeout", j->timeout, "give up a request to a node after this many seconds (default 300)")->check(CLI::PositiveNumber);
+  job->add_flag("--json", j->json, "print the report as one JSON object");
+  job->add_option("--inject-kill-node", j->kill_node)->group("");  // fault injection for tests
+  job->callback([j] {
+    if (const int rc = run_job(*j); rc != 0) throw CLI::RuntimeError(rc);
+  });
 }
 
 }  // namespace nereus::cli

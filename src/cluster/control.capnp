@@ -47,7 +47,66 @@ struct Envelope {
     dumped @26 :List(Text);   # manifest entries, each a JSON object
     finish @27 :Void;
     finished @28 :Void;
+    # A job's units across the daemons (nereus cluster job): the client asks the
+    # coordinator, which runs the controller, compiles the job's global transition graph
+    # and drives the nodes: jobOpen -> ready -> peers -> connected, then for each node of
+    # the graph unitAlloc + unitBuild (a build) or unitFree (a destroy), then verify and
+    # finish. Answered by transitionResult (the JSON report).
+    jobRequest @29 :JobRequest;
+    jobOpen @30 :JobOpen;
+    unitAlloc @31 :UnitAlloc;
+    unitAllocated @32 :UnitAllocated;
+    unitBuild @33 :UnitBuild;   # answered by done, once this node's bytes of the unit landed
+    unitFree @34 :UInt32;       # unit id
+    unitFreed @35 :UInt32;
   }
+}
+
+struct JobRequest {
+  job @0 :Text;               # the job file's JSON (its models: presets, or paths every node can read)
+  cluster @1 :Text;           # the cluster file's JSON: the hardware the cost model assumes
+  plan @2 :Text;              # the initial global plan (JSON); empty: the controller's
+  target @3 :Text;            # the target plan; empty: the controller decides
+  responseLen @4 :Float64;    # mean response length (tokens) of the first plan's steps
+  responseLenAfter @5 :Float64;  # ... when the controller decides; 0: unchanged
+  verify @6 :Bool;
+  timeoutSeconds @7 :Float64;
+  killNode @8 :Int32;         # fault injection: this node dies 3 ms into its first build; -1: none
+}
+
+struct JobOpen {
+  job @0 :Text;
+  devicesPerNode @1 :Int32;
+  killNode @2 :Int32;
+}
+
+# One unit (EMU) of the job: `spec` is its layout and GPU list, "tp=2,pp=1,dp=1,devices=4,5".
+struct UnitDesc {
+  id @0 :UInt32;              # job-wide, given by the coordinator
+  modelStage @1 :Text;
+  spec @2 :Text;
+}
+
+struct UnitAlloc {
+  unit @0 :UnitDesc;
+  fill @1 :Bool;              # write the verification fill (the job's first units)
+}
+
+struct UnitAllocated {
+  id @0 :UInt32;
+  buffers @1 :List(SourceBuffer);   # where its buffers on this node live
+}
+
+# A unit a build reads: its buffers on every node (a node pulls what is remote).
+struct SourceUnit {
+  unit @0 :UnitDesc;
+  group @1 :UInt32;           # source collection of the build (one per model-stage read)
+  buffers @2 :List(SourceBuffer);
+}
+
+struct UnitBuild {
+  target @0 :UInt32;          # an allocated unit
+  sources @1 :List(SourceUnit);
 }
 
 struct TransitionSpec {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "nereus/cluster/auth.hpp"
+#include "nereus/cluster/job_service.hpp"
 #include "nereus/cluster/transition_service.hpp"
 #include "nereus/core/error.hpp"
 #include "nereus/runtime/async_scope.hpp"
@@ -194,25 +195,31 @@ struct Daemon::State {
     ch.close();
   }
 
-  // An authenticated client: status requests, a transition request (coordinator), or the
-  // coordinator driving this node's part of a transition.
+  // An authenticated client: status requests, a transition or job request (coordinator),
+  // or the coordinator driving this node's part of a transition or of a job.
   asio::awaitable<void> client_session(Channel& ch) {
     NodeTransition part(io, o.launch.node_rank, o.device_capacity, metrics);
-    bool in_transition = false;
+    NodeJob job(io, o.launch.node_rank, devices, metrics);
+    bool in_exchange = false;
     std::exception_ptr ended;
     try {
       for (;;) {
         // A node in a transition may wait long for the next step (a run of many GB).
-        Envelope req = co_await ch.receive(in_transition ? Millis(std::chrono::hours(24)) : o.client_idle);
+        Envelope req = co_await ch.receive(in_exchange ? Millis(std::chrono::hours(24)) : o.client_idle);
         ++metrics.frames_received;
-        in_transition = std::holds_alternative<Prepare>(req.body) || (in_transition && !std::holds_alternative<Finish>(req.body));
+        in_exchange = std::holds_alternative<Prepare>(req.body) || std::holds_alternative<JobOpen>(req.body) ||
+                      (in_exchange && !std::holds_alternative<Finish>(req.body));
         if (std::holds_alternative<StatusRequest>(req.body)) {
           Body answer = status();
           co_await reply(ch, req.request_id, std::move(answer));
         } else if (auto* spec = std::get_if<TransitionSpec>(&req.body)) {
           Body answer = co_await transition(*spec);
           co_await reply(ch, req.request_id, std::move(answer));
-        } else if (const bool handled = co_await part.handle(ch, req); !handled) {
+        } else if (auto* jr = std::get_if<JobRequest>(&req.body)) {
+          Body answer = co_await run_job(*jr);
+          co_await reply(ch, req.request_id, std::move(answer));
+        } else if (const bool handled = co_await job.handle(ch, req); handled) {
+        } else if (const bool handled_part = co_await part.handle(ch, req); !handled_part) {
           Body no = ErrorReply{std::string("unexpected ") + kind_name(req.body) + " from a client"};
           co_await reply(ch, req.request_id, std::move(no));
           throw Error(std::string("unexpected ") + kind_name(req.body));
@@ -221,8 +228,22 @@ struct Daemon::State {
     } catch (...) {
       ended = std::current_exception();
     }
-    co_await part.close();  // the coordinator went away mid-transition: release our part
+    co_await job.close();   // the coordinator went away mid-job: release our part
+    co_await part.close();  // ... or mid-transition
     std::rethrow_exception(ended);
+  }
+
+  /// The alive nodes, for a transition or a job; an ErrorReply's text when they differ in
+  /// devices.
+  std::string alive_nodes(std::vector<NodeAddress>& nodes) {
+    for (const NodeStatus& m : members->status(Clock::now()).members) {
+      if (!m.alive) continue;
+      if (static_cast<int>(m.devices.size()) != o.devices)
+        return "node " + std::to_string(m.rank) + " has " + std::to_string(m.devices.size()) + " devices and the coordinator " +
+               std::to_string(o.devices) + "; transitions need the same on every node";
+      nodes.push_back({m.rank, parse_endpoint(m.listen, "node listen address")});
+    }
+    return {};
   }
 
   // The coordinator runs a transition across the alive nodes for a client.
@@ -230,13 +251,7 @@ struct Daemon::State {
     if (!members) co_return ErrorReply{"node " + std::to_string(o.launch.node_rank) + " is not the coordinator"};
     if (driving) co_return ErrorReply{"a transition is already running"};
     std::vector<NodeAddress> nodes;
-    for (const NodeStatus& m : members->status(Clock::now()).members) {
-      if (!m.alive) continue;
-      if (static_cast<int>(m.devices.size()) != o.devices)
-        co_return ErrorReply{"node " + std::to_string(m.rank) + " has " + std::to_string(m.devices.size()) +
-                             " devices and the coordinator " + std::to_string(o.devices) + "; transitions need the same on every node"};
-      nodes.push_back({m.rank, parse_endpoint(m.listen, "node listen address")});
-    }
+    if (std::string e = alive_nodes(nodes); !e.empty()) co_return ErrorReply{e};
     driving = true;
     TransitionOutcome outcome;
     std::string error;
@@ -251,6 +266,29 @@ struct Daemon::State {
     ++(!error.empty() || outcome.failed ? metrics.transitions_failed : metrics.transitions_ok);
     if (!error.empty()) co_return ErrorReply{error};
     log("transition {} {} -> {} over {} nodes done", spec.model, spec.from, spec.to, nodes.size());
+    co_return TransitionResult{outcome.report};
+  }
+
+  // The coordinator runs a job's plan change across the alive nodes for a client.
+  asio::awaitable<Body> run_job(const JobRequest& request) {
+    if (!members) co_return ErrorReply{"node " + std::to_string(o.launch.node_rank) + " is not the coordinator"};
+    if (driving) co_return ErrorReply{"a transition is already running"};
+    std::vector<NodeAddress> nodes;
+    if (std::string e = alive_nodes(nodes); !e.empty()) co_return ErrorReply{e};
+    driving = true;
+    TransitionOutcome outcome;
+    std::string error;
+    const auto t0 = Clock::now();
+    try {
+      outcome = co_await drive_job(request, nodes, o.devices, o.device_capacity, o.token);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    driving = false;
+    metrics.transition_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    ++(!error.empty() || outcome.failed ? metrics.transitions_failed : metrics.transitions_ok);
+    if (!error.empty()) co_return ErrorReply{error};
+    log("job over {} nodes done{}", nodes.size(), outcome.failed ? " (with a failure: see the report)" : "");
     co_return TransitionResult{outcome.report};
   }
 

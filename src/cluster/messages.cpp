@@ -26,6 +26,8 @@ constexpr std::size_t kMaxBlob = 1 << 20;      // UCX addresses and remote keys
 constexpr std::size_t kMaxReport = 16 << 20;   // a transition's JSON report
 constexpr std::size_t kMaxBuffers = 1 << 22;   // source buffers of one process
 constexpr std::size_t kMaxPeers = 4096;
+constexpr std::size_t kMaxFile = 1 << 20;      // a job, cluster or plan file's JSON
+constexpr std::size_t kMaxSources = 1 << 16;   // units one build reads
 
 template <class... F>
 struct Overload : F... {
@@ -77,6 +79,40 @@ std::vector<DeviceInfo> devices_of(capnp::List<w::Device>::Reader l) {
   return out;
 }
 
+std::vector<PeerInfo::Buffer> buffers_of(capnp::List<w::SourceBuffer>::Reader buffers) {
+  check_size(buffers, kMaxBuffers, "buffers");
+  std::vector<PeerInfo::Buffer> out;
+  out.reserve(buffers.size());
+  for (auto b : buffers) {
+    if (b.getSlot() > static_cast<std::uint8_t>(Slot::exp_avg_sq)) throw Error("buffer slot " + std::to_string(b.getSlot()) + " is unknown");
+    out.push_back({b.getSide(), static_cast<DeviceId>(b.getDevice()), b.getBuffer(), static_cast<Slot>(b.getSlot()),
+                   b.getAddress(), b.getBytes()});
+  }
+  return out;
+}
+
+void put_buffers(capnp::List<w::SourceBuffer>::Builder bufs, const std::vector<PeerInfo::Buffer>& in) {
+  for (unsigned i = 0; i < in.size(); ++i) {
+    const auto& b = in[i];
+    bufs[i].setSide(b.side);
+    bufs[i].setDevice(static_cast<std::uint32_t>(b.device));
+    bufs[i].setBuffer(b.buffer);
+    bufs[i].setSlot(static_cast<std::uint8_t>(b.slot));
+    bufs[i].setAddress(b.address);
+    bufs[i].setBytes(b.bytes);
+  }
+}
+
+UnitDesc unit_of(w::UnitDesc::Reader u) {
+  return {u.getId(), text_of(u.getModelStage(), "model-stage"), text_of(u.getSpec(), "unit spec", kMaxFile)};
+}
+
+void put_unit(w::UnitDesc::Builder o, const UnitDesc& u) {
+  o.setId(u.id);
+  o.setModelStage(u.model_stage);
+  o.setSpec(u.spec);
+}
+
 PeerInfo peer_of(w::PeerInfo::Reader p) {
   PeerInfo out;
   if (p.getRank() < 0) throw Error("peer rank " + std::to_string(p.getRank()) + " is negative");
@@ -86,14 +122,7 @@ PeerInfo peer_of(w::PeerInfo::Reader p) {
   const auto regions = p.getRegions();
   check_size(regions, kMaxDevices, "regions");
   for (auto r : regions) out.regions.push_back({static_cast<DeviceId>(r.getDevice()), blob_of(r.getKey(), "remote key")});
-  const auto buffers = p.getBuffers();
-  check_size(buffers, kMaxBuffers, "buffers");
-  out.buffers.reserve(buffers.size());
-  for (auto b : buffers) {
-    if (b.getSlot() > static_cast<std::uint8_t>(Slot::exp_avg_sq)) throw Error("buffer slot " + std::to_string(b.getSlot()) + " is unknown");
-    out.buffers.push_back({b.getSide(), static_cast<DeviceId>(b.getDevice()), b.getBuffer(), static_cast<Slot>(b.getSlot()),
-                           b.getAddress(), b.getBytes()});
-  }
+  out.buffers = buffers_of(p.getBuffers());
   return out;
 }
 
@@ -105,16 +134,7 @@ void put_peer(w::PeerInfo::Builder o, const PeerInfo& p) {
     regions[i].setDevice(static_cast<std::uint32_t>(p.regions[i].device));
     regions[i].setKey(data_of(p.regions[i].key));
   }
-  auto bufs = o.initBuffers(static_cast<unsigned>(p.buffers.size()));
-  for (unsigned i = 0; i < p.buffers.size(); ++i) {
-    const auto& b = p.buffers[i];
-    bufs[i].setSide(b.side);
-    bufs[i].setDevice(static_cast<std::uint32_t>(b.device));
-    bufs[i].setBuffer(b.buffer);
-    bufs[i].setSlot(static_cast<std::uint8_t>(b.slot));
-    bufs[i].setAddress(b.address);
-    bufs[i].setBytes(b.bytes);
-  }
+  put_buffers(o.initBuffers(static_cast<unsigned>(p.buffers.size())), p.buffers);
 }
 
 TransitionSpec spec_of(w::TransitionSpec::Reader t) {
@@ -239,6 +259,36 @@ Body body_of(w::Envelope::Body::Reader e) {
     }
     case w::Envelope::Body::FINISH: return Finish{};
     case w::Envelope::Body::FINISHED: return Finished{};
+    case w::Envelope::Body::JOB_REQUEST: {
+      auto j = e.getJobRequest();
+      return JobRequest{text_of(j.getJob(), "job", kMaxFile),   text_of(j.getCluster(), "cluster", kMaxFile),
+                        text_of(j.getPlan(), "plan", kMaxFile), text_of(j.getTarget(), "target plan", kMaxFile),
+                        j.getResponseLen(),                     j.getResponseLenAfter(),
+                        j.getVerify(),                          j.getTimeoutSeconds(),
+                        j.getKillNode()};
+    }
+    case w::Envelope::Body::JOB_OPEN: {
+      auto j = e.getJobOpen();
+      return JobOpen{text_of(j.getJob(), "job", kMaxFile), j.getDevicesPerNode(), j.getKillNode()};
+    }
+    case w::Envelope::Body::UNIT_ALLOC: {
+      auto a = e.getUnitAlloc();
+      return UnitAlloc{unit_of(a.getUnit()), a.getFill()};
+    }
+    case w::Envelope::Body::UNIT_ALLOCATED: {
+      auto a = e.getUnitAllocated();
+      return UnitAllocated{a.getId(), buffers_of(a.getBuffers())};
+    }
+    case w::Envelope::Body::UNIT_BUILD: {
+      auto b = e.getUnitBuild();
+      UnitBuild out{b.getTarget(), {}};
+      const auto sources = b.getSources();
+      check_size(sources, kMaxSources, "source units");
+      for (auto u : sources) out.sources.push_back({unit_of(u.getUnit()), u.getGroup(), buffers_of(u.getBuffers())});
+      return out;
+    }
+    case w::Envelope::Body::UNIT_FREE: return UnitFree{e.getUnitFree()};
+    case w::Envelope::Body::UNIT_FREED: return UnitFreed{e.getUnitFreed()};
   }
   throw Error("unknown message kind " + std::to_string(static_cast<int>(e.which())) + " (this build speaks protocol " +
               std::to_string(kProtocolVersion) + ")");
@@ -250,7 +300,8 @@ const char* kind_name(const Body& b) {
   static constexpr const char* names[] = {
       "hello",  "challenge", "authenticate", "welcome", "error",   "join",    "heartbeat", "status-request", "status",
       "transition-request", "transition-result", "prepare", "ready", "peers", "connected", "run", "done", "failed",
-      "abort",  "aborted",   "verify",       "verified", "dump",   "dumped", "finish",    "finished"};
+      "abort",  "aborted",   "verify",       "verified", "dump",   "dumped", "finish",    "finished", "job-request",
+      "job-open", "unit-alloc", "unit-allocated", "unit-build", "unit-free", "unit-freed"};
   static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[b.index()];
 }
@@ -357,6 +408,46 @@ Bytes encode_frame(const Envelope& e) {
                  },
                  [&](const Finish&) { body.setFinish(); },
                  [&](const Finished&) { body.setFinished(); },
+                 [&](const JobRequest& j) {
+                   auto o = body.initJobRequest();
+                   o.setJob(j.job);
+                   o.setCluster(j.cluster);
+                   o.setPlan(j.plan);
+                   o.setTarget(j.target);
+                   o.setResponseLen(j.response_len);
+                   o.setResponseLenAfter(j.response_len_after);
+                   o.setVerify(j.verify);
+                   o.setTimeoutSeconds(j.timeout_seconds);
+                   o.setKillNode(j.kill_node);
+                 },
+                 [&](const JobOpen& j) {
+                   auto o = body.initJobOpen();
+                   o.setJob(j.job);
+                   o.setDevicesPerNode(j.devices_per_node);
+                   o.setKillNode(j.kill_node);
+                 },
+                 [&](const UnitAlloc& a) {
+                   auto o = body.initUnitAlloc();
+                   put_unit(o.initUnit(), a.unit);
+                   o.setFill(a.fill);
+                 },
+                 [&](const UnitAllocated& a) {
+                   auto o = body.initUnitAllocated();
+                   o.setId(a.id);
+                   put_buffers(o.initBuffers(static_cast<unsigned>(a.buffers.size())), a.buffers);
+                 },
+                 [&](const UnitBuild& b) {
+                   auto o = body.initUnitBuild();
+                   o.setTarget(b.target);
+                   auto l = o.initSources(static_cast<unsigned>(b.sources.size()));
+                   for (unsigned i = 0; i < b.sources.size(); ++i) {
+                     put_unit(l[i].initUnit(), b.sources[i].unit);
+                     l[i].setGroup(b.sources[i].group);
+                     put_buffers(l[i].initBuffers(static_cast<unsigned>(b.sources[i].buffers.size())), b.sources[i].buffers);
+                   }
+                 },
+                 [&](const UnitFree& f) { body.setUnitFree(f.id); },
+                 [&](const UnitFreed& f) { body.setUnitFreed(f.id); },
              },
              e.body);
   const kj::Array<capnp::word> flat = capnp::messageToFlatArray(message);

@@ -3,11 +3,11 @@
 
 #include <signal.h>
 
-#include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
 #include "../bench/participant.hpp"
 #include "nereus/core/error.hpp"
+#include "offload.hpp"
 #include "transition_config.hpp"
 
 namespace nereus::cluster {
@@ -55,17 +55,7 @@ struct NodeTransition::State {
                                                 [per](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per); });
   }
 
-  /// Runs `f` on the helper thread and resumes on the event loop: filling and checking
-  /// gigabytes must not stall heartbeats and the other sessions.
-  /// (Named locals only around co_await: GCC 12 destroys some temporaries there twice.)
-  template <class F>
-  asio::awaitable<std::invoke_result_t<F>> offload(F f) {
-    auto work = [f = std::move(f)]() -> asio::awaitable<std::invoke_result_t<F>> { co_return f(); };
-    auto result = co_await asio::co_spawn(helper.get_executor(), std::move(work), asio::use_awaitable);
-    co_return result;
-  }
-
-  asio::thread_pool helper{1};
+  detail::Offload offload;  // fills, checks and dumps off the event loop
 };
 
 NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics)

@@ -136,9 +136,55 @@ struct Dumped {
 struct Finish {};
 struct Finished {};
 
+/// `nereus cluster job`: what the client asks the coordinator.
+struct JobRequest {
+  std::string job;      ///< job file JSON
+  std::string cluster;  ///< cluster file JSON (hardware for the cost model)
+  std::string plan;     ///< initial plan JSON; empty: the controller's
+  std::string target;   ///< target plan JSON; empty: the controller decides
+  double response_len = 0, response_len_after = 0;
+  bool verify = true;
+  double timeout_seconds = 300;
+  std::int32_t kill_node = -1;
+};
+struct JobOpen {
+  std::string job;
+  std::int32_t devices_per_node = 1;
+  std::int32_t kill_node = -1;
+};
+/// One unit of a job on the wire: id, model-stage and "tp=..,pp=..,dp=1,devices=...".
+struct UnitDesc {
+  std::uint32_t id = 0;
+  std::string model_stage, spec;
+};
+struct UnitAlloc {
+  UnitDesc unit;
+  bool fill = false;
+};
+struct UnitAllocated {
+  std::uint32_t id = 0;
+  std::vector<PeerInfo::Buffer> buffers;
+};
+struct SourceUnit {
+  UnitDesc unit;
+  std::uint32_t group = 0;
+  std::vector<PeerInfo::Buffer> buffers;
+};
+struct UnitBuild {
+  std::uint32_t target = 0;
+  std::vector<SourceUnit> sources;
+};
+struct UnitFree {
+  std::uint32_t id = 0;
+};
+struct UnitFreed {
+  std::uint32_t id = 0;
+};
+
 using Body = std::variant<Hello, Challenge, Authenticate, Welcome, ErrorReply, Join, Heartbeat, StatusRequest, ClusterStatus,
                           TransitionSpec, TransitionResult, Prepare, Ready, Peers, Connected, Run, RunDone, Failed, Abort,
-                          Aborted, Verify, Verified, Dump, Dumped, Finish, Finished>;
+                          Aborted, Verify, Verified, Dump, Dumped, Finish, Finished, JobRequest, JobOpen, UnitAlloc,
+                          UnitAllocated, UnitBuild, UnitFree, UnitFreed>;
 
 struct Envelope {
   std::uint16_t version = kProtocolVersion;

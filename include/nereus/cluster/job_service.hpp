@@ -1,0 +1,49 @@
+#pragma once
+// A job's units across daemons (nereus cluster job). The coordinator's side (drive_job)
+// runs the controller on the alive nodes' devices, loads the first plan's units onto the
+// nodes, compiles the global transition graph to the plan the controller admits and
+// executes it node by node of the graph: a build allocates its unit on the nodes that hold
+// its GPUs and each of them pulls its bytes (UCX get), and the unit is committed only when
+// every one of them has reported its bytes landed; a destroy frees a unit once the graph's
+// edges allow. When a node is lost, the others abort their builds, every model-stage keeps
+// a valid collection of its intact units (none with a GPU on a lost node), and the
+// controller replans from them on the surviving devices. A node's side (NodeJob) holds the
+// units on its devices, in the daemon's own device arenas.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nereus/cluster/channel.hpp"
+#include "nereus/cluster/messages.hpp"
+#include "nereus/cluster/metrics.hpp"
+#include "nereus/cluster/transition_service.hpp"
+#include "nereus/runtime/device.hpp"
+
+namespace nereus::cluster {
+
+/// Runs the request over `nodes` (the alive nodes, each with `devices_per_node` devices of
+/// `device_capacity` bytes) and returns the JSON report. Bad requests (a job, cluster or
+/// plan that does not parse, a plan beyond the alive devices) throw nereus::Error; a node
+/// lost on the way is reported in the JSON (failure, recovery).
+asio::awaitable<TransitionOutcome> drive_job(const JobRequest& request, const std::vector<NodeAddress>& nodes,
+                                            int devices_per_node, std::uint64_t device_capacity, const std::string& token);
+
+/// One node's part of a job, answering the coordinator on one channel.
+class NodeJob {
+ public:
+  /// Units live in `devices` (the daemon's arenas); builds are counted in `metrics`.
+  NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<HostDevice>>& devices, Metrics& metrics);
+  ~NodeJob();
+  /// Whether a job is open on this channel (its messages go here).
+  bool open() const;
+  /// Handles one message of the exchange; false when the message is not part of it.
+  asio::awaitable<bool> handle(Channel& ch, const Envelope& m);
+  /// Cancels running builds and frees every unit (the coordinator finished or went away).
+  asio::awaitable<void> close();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace nereus::cluster

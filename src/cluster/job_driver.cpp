@@ -1,0 +1,396 @@
+// A job's units across daemons: the coordinator's driver (job_service.hpp). The
+// controller and the transition graph number GPUs 0..n−1 over the alive nodes' devices
+// (the pool); messages to the nodes carry global device ids.
+#include <boost/asio/redirect_error.hpp>
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "job_graph_run.hpp"
+#include "nereus/cluster/auth.hpp"
+#include "nereus/cluster/job_service.hpp"
+#include "nereus/core/error.hpp"
+#include "nereus/plan/controller.hpp"
+
+namespace nereus::cluster {
+
+namespace detail {
+
+DeviceId Pool::index(DeviceId device) const {
+  auto it = std::find(devices.begin(), devices.end(), device);
+  if (it == devices.end()) throw Error("device " + std::to_string(device) + " is not on an alive node");
+  return static_cast<DeviceId>(it - devices.begin());
+}
+
+GlobalPlan Pool::to_devices(const GlobalPlan& p) const {
+  GlobalPlan out = p;
+  for (auto& [name, spec] : out.stages)
+    for (DeviceId& d : spec.devices) d = device(d);
+  return out;
+}
+
+GlobalPlan Pool::to_indices(const GlobalPlan& p) const {
+  GlobalPlan out = p;
+  for (auto& [name, spec] : out.stages)
+    for (DeviceId& d : spec.devices) d = index(d);
+  return out;
+}
+
+JobDriver::JobDriver(asio::any_io_executor ex, const JobRequest& r, int per_node, const std::string& token)
+    : ex_(ex), request_(r), per_(per_node), token_(token), job_(parse_job(r.job, "the job")), stages_(model_stages(job_)),
+      pumps_(ex), changed_(ex) {}
+
+asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) {
+  for (const NodeAddress& n : nodes) {
+    auto s = std::make_unique<Session>();
+    s->rank = n.rank;
+    s->ch = std::make_unique<Channel>(co_await connect_to(n.listen.host, n.listen.port, Millis(5000)));
+    s->ch->set_peer("node " + std::to_string(n.rank) + " (" + n.listen.str() + ")");
+    const Hello hello{Role::client, -1, 0, {}};
+    co_await authenticate_as_client(*s->ch, token_, hello, Millis(5000));
+    sessions_.push_back(std::move(s));
+  }
+  for (auto& s : sessions_) pumps_.spawn(pump(*s));
+  const Body open = JobOpen{request_.job, per_, request_.kill_node};
+  const std::vector<int> all = alive();
+  const std::vector<Envelope> ready = co_await each(all, open, "job-open");
+  Peers peers;
+  for (const Envelope& e : ready) peers.all.push_back(std::get<Ready>(e.body).info);
+  const Body b = peers;
+  co_await each(all, b, "peers");
+}
+
+asio::awaitable<void> JobDriver::pump(Session& s) {
+  std::string lost;
+  for (;;) {
+    try {
+      Envelope e = co_await s.ch->receive(std::chrono::hours(24));
+      if (auto it = s.pending.find(e.request_id); it != s.pending.end()) {
+        it->second->reply = std::move(e);
+        it->second->timer.cancel();
+      }
+      continue;
+    } catch (const std::exception& e) {
+      lost = e.what();
+    }
+    break;
+  }
+  s.alive = false;
+  s.lost = lost;
+  if (lost_at_ == clock::time_point{}) lost_at_ = clock::now();
+  for (auto& [id, p] : s.pending) p->timer.cancel();
+  changed_.notify();
+}
+
+std::vector<int> JobDriver::alive() const {
+  std::vector<int> out;
+  for (const auto& s : sessions_)
+    if (s->alive) out.push_back(s->rank);
+  return out;
+}
+
+std::vector<int> JobDriver::lost() const {
+  std::vector<int> out;
+  for (const auto& s : sessions_)
+    if (!s->alive) out.push_back(s->rank);
+  return out;
+}
+
+JobDriver::Session& JobDriver::session(int rank) {
+  for (auto& s : sessions_)
+    if (s->rank == rank) return *s;
+  throw Error("node " + std::to_string(rank) + " is not part of this job");
+}
+
+asio::awaitable<Envelope> JobDriver::call(int rank, const Body& body, const char* what) {
+  Session& s = session(rank);
+  if (!s.alive) throw Error("node " + std::to_string(rank) + " lost: " + s.lost);
+  const std::uint64_t id = ++request_ids_;
+  const auto limit = std::chrono::duration_cast<Millis>(std::chrono::duration<double>(request_.timeout_seconds));
+  Session::Pending p{asio::steady_timer(ex_), std::nullopt};
+  p.timer.expires_after(limit);
+  s.pending[id] = &p;
+  const Envelope e{kProtocolVersion, id, static_cast<std::uint32_t>(limit.count()), body};
+  std::string send_error;
+  try {
+    co_await s.ch->send(e);
+  } catch (const std::exception& x) {
+    send_error = x.what();
+  }
+  if (send_error.empty() && !p.reply && s.alive) {
+    boost::system::error_code ec;
+    co_await p.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+  s.pending.erase(id);
+  const std::string who = "node " + std::to_string(rank);
+  if (p.reply) {
+    if (auto* f = std::get_if<Failed>(&p.reply->body)) throw Error(who + ": " + f->error);
+    if (auto* r = std::get_if<ErrorReply>(&p.reply->body)) throw Error(who + ": " + r->message);
+    co_return std::move(*p.reply);
+  }
+  if (!s.alive) throw Error(who + " lost during '" + what + "': " + s.lost);
+  if (!send_error.empty()) throw Error(who + ": " + send_error);
+  if (giving_up_) throw Error(who + ": '" + what + "' would not stop");
+  throw Error(who + ": no answer to '" + what + "' within " + std::to_string(limit.count() / 1000.0) + " s");
+}
+
+asio::awaitable<void> JobDriver::call_into(int rank, Body body, const char* what, Envelope* out, std::string* error) {
+  try {
+    *out = co_await call(rank, body, what);
+  } catch (const std::exception& e) {
+    *error = e.what();
+  }
+}
+
+asio::awaitable<std::vector<Envelope>> JobDriver::each(const std::vector<int>& ranks, const Body& body, const char* what) {
+  std::vector<Envelope> out(ranks.size());
+  std::vector<std::string> errors(ranks.size());
+  {
+    AsyncScope scope(ex_);
+    for (std::size_t i = 0; i < ranks.size(); ++i) scope.spawn(call_into(ranks[i], body, what, &out[i], &errors[i]));
+    co_await scope.join();
+  }
+  for (const std::string& e : errors)
+    if (!e.empty()) throw Error(e);
+  co_return out;
+}
+
+std::vector<int> JobDriver::nodes_of(const Emu& e) const {
+  std::set<int> ranks;
+  for (DeviceId d : e.gpus) ranks.insert(static_cast<int>(d) / per_);
+  return {ranks.begin(), ranks.end()};
+}
+
+UnitDesc JobDriver::describe(std::uint32_t id) const {
+  const UnitRecord& u = units_.at(id);
+  return {id, stages_[u.stage].name(), to_string(CollectionSpec{u.emu.layout, 1, u.emu.gpus})};
+}
+
+std::uint32_t JobDriver::add_unit(std::size_t stage, const Emu& emu) {
+  const std::uint32_t id = next_unit_++;
+  units_[id] = UnitRecord{stage, emu, {}};
+  return id;
+}
+
+asio::awaitable<void> JobDriver::allocate(std::uint32_t id, bool fill) {
+  const Body alloc = UnitAlloc{describe(id), fill};
+  const std::vector<Envelope> got = co_await each(nodes_of(units_.at(id).emu), alloc, "unit-alloc");
+  for (const Envelope& e : got)
+    for (const PeerInfo::Buffer& b : std::get<UnitAllocated>(e.body).buffers) units_.at(id).buffers.push_back(b);
+}
+
+asio::awaitable<void> JobDriver::abort_builds() {
+  const Body abort = Abort{};
+  for (int r : alive()) {
+    Envelope e;
+    std::string error;
+    co_await call_into(r, abort, "abort", &e, &error);
+  }
+}
+
+void JobDriver::give_up() {
+  giving_up_ = true;
+  for (auto& s : sessions_)
+    for (auto& [id, p] : s->pending) p->timer.cancel();
+}
+
+asio::awaitable<std::vector<RunDone>> JobDriver::build(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups) {
+  UnitBuild b{id, {}};
+  for (std::uint32_t g = 0; g < groups.size(); ++g)
+    for (std::uint32_t u : groups[g]) b.sources.push_back({describe(u), g, units_.at(u).buffers});
+  const Body body = b;
+  const std::vector<Envelope> got = co_await each(nodes_of(units_.at(id).emu), body, "unit-build");
+  std::vector<RunDone> out;
+  for (const Envelope& e : got) out.push_back(std::get<RunDone>(e.body));
+  co_return out;
+}
+
+asio::awaitable<void> JobDriver::release(std::uint32_t id) {
+  auto it = units_.find(id);
+  if (it == units_.end()) co_return;
+  std::vector<int> on;
+  for (int r : nodes_of(it->second.emu))
+    if (session(r).alive) on.push_back(r);
+  units_.erase(it);
+  const Body f = UnitFree{id};
+  co_await each(on, f, "unit-free");
+}
+
+void JobDriver::check_recoverable() const {
+  for (std::size_t i = 0; i < stages_.size(); ++i)
+    if (current_[i].empty())
+      throw Error("every unit of " + stages_[i].name() + " had a GPU on a lost node: its state cannot be recovered from the survivors");
+}
+
+bool JobDriver::intact(std::uint32_t id) const {
+  for (int r : nodes_of(units_.at(id).emu))
+    for (const auto& s : sessions_)
+      if (s->rank == r && !s->alive) return false;
+  return true;
+}
+
+asio::awaitable<void> JobDriver::load(const GlobalPlan& plan, const Pool& pool) {
+  const std::vector<Collection> cs = plan_collections(job_, pool.to_devices(plan));
+  current_.assign(cs.size(), {});
+  for (std::size_t i = 0; i < cs.size(); ++i)
+    for (const Emu& e : cs[i].units) {
+      const std::uint32_t id = add_unit(i, e);
+      current_[i].push_back(id);
+      co_await allocate(id, true);
+    }
+}
+
+GlobalPlan JobDriver::plan_of(const Pool& pool) const {
+  GlobalPlan p;
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    CollectionSpec spec;
+    spec.dp = static_cast<int>(current_[i].size());
+    for (std::uint32_t id : current_[i]) {
+      const Emu& e = units_.at(id).emu;
+      spec.layout = e.layout;
+      for (DeviceId d : e.gpus) spec.devices.push_back(pool.index(d));
+    }
+    p.stages.push_back({stages_[i].name(), spec});
+  }
+  return p;
+}
+
+asio::awaitable<nlohmann::json> JobDriver::verify() {
+  const Body v = Verify{false};
+  const std::vector<Envelope> got = co_await each(alive(), v, "verify");
+  bool ok = true;
+  std::uint64_t bytes = 0;
+  std::string error;
+  for (const Envelope& e : got) {
+    const auto& m = std::get<Verified>(e.body);
+    ok = ok && m.targets_ok;
+    bytes += m.bytes;
+    if (!m.targets_ok && error.empty()) error = m.error;
+  }
+  nlohmann::json out{{"verified", ok}, {"verified_bytes", bytes}};
+  if (!error.empty()) out["verify_error"] = error;
+  co_return out;
+}
+
+asio::awaitable<void> JobDriver::close() {
+  const Body finish = Finish{};
+  for (int r : alive()) {  // best effort: a node that does not answer frees its job when the channel ends
+    Envelope e;
+    std::string error;
+    co_await call_into(r, finish, "finish", &e, &error);
+  }
+  for (auto& s : sessions_) s->ch->close();
+  co_await pumps_.join();
+}
+
+}  // namespace detail
+
+namespace {
+
+using json = nlohmann::json;
+using detail::Pool;
+
+json plan_json(const GlobalPlan& p) {
+  json out = json::object();
+  for (const auto& [name, spec] : p.stages) out[name] = to_string(spec);
+  return out;
+}
+
+json decision_json(const Decision& d) {
+  auto finite = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
+  return {{"trigger", d.trigger},  {"urgent", d.urgent}, {"admitted", d.admitted}, {"why", d.why},
+          {"current_seconds", finite(d.current_seconds)}, {"target_seconds", finite(d.target_seconds)},
+          {"transition_seconds", d.transition_seconds}, {"moved_bytes", d.moved_bytes}, {"decision_ms", d.decision_ms}};
+}
+
+Pool pool_of(const std::vector<int>& ranks, int per) {
+  Pool p;
+  for (int r : ranks)
+    for (int i = 0; i < per; ++i) p.devices.push_back(static_cast<DeviceId>(r * per + i));
+  return p;
+}
+
+}  // namespace
+
+asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vector<NodeAddress>& nodes, int per,
+                                            std::uint64_t capacity, const std::string& token) {
+  detail::JobDriver d(co_await asio::this_coro::executor, r, per, token);
+  const JobSpec& job = d.job();
+  ClusterSpec hw = parse_cluster(r.cluster, "the cluster");
+  hw.nodes = static_cast<int>(nodes.size());
+  hw.gpus_per_node = per;
+  hw.gpu_memory_gib = static_cast<double>(capacity) / static_cast<double>(1ull << 30);
+  std::vector<int> ranks;
+  for (const NodeAddress& n : nodes) ranks.push_back(n.rank);
+  Pool pool = pool_of(ranks, per);
+  const double len = r.response_len > 0 ? r.response_len : static_cast<double>(job.max_response_len) / 2;
+  const double after = r.response_len_after > 0 ? r.response_len_after : len;
+  Controller ctl(job, hw);
+  const Signals first{0, static_cast<int>(pool.devices.size()), len, len, 1};
+  GlobalPlan initial = ctl.initial(first);
+  if (!r.plan.empty()) initial = pool.to_indices(parse_global_plan(job, r.plan, "the plan"));
+  std::optional<GlobalPlan> forced;
+  if (!r.target.empty()) forced = pool.to_indices(parse_global_plan(job, r.target, "the target plan"));
+  plan_collections(job, initial, static_cast<std::int64_t>(pool.devices.size()));  // checks, before any node is touched
+
+  json out{{"nodes", ranks}, {"devices_per_node", per}, {"initial_plan", plan_json(pool.to_devices(initial))}};
+  std::string error;
+  try {
+    co_await d.connect(nodes);
+    co_await d.load(initial, pool);
+    // The controller decides the change (unless the request names the target).
+    const Signals next{1, static_cast<int>(pool.devices.size()), after, after, 1};
+    GlobalPlan current = d.plan_of(pool);
+    std::optional<GlobalPlan> target = forced;
+    if (!target) {
+      const Decision dec = ctl.decide(next, current);
+      out["decision"] = decision_json(dec);
+      if (dec.admitted) target = dec.target;
+    }
+    if (target) {
+      out["target_plan"] = plan_json(pool.to_devices(*target));
+      const TransitionGraph g = ctl.transition(current, *target, next);
+      if (!g.feasibility.ok) throw Error("the transition does not fit device memory: " + g.feasibility.reason);
+      const auto t0 = detail::clock::now();
+      out["transition"] = co_await detail::run_graph(d, g, pool);
+      // A node lost: replan from the intact units on the surviving devices (again if
+      // another node is lost meanwhile, up to three times).
+      json recoveries = json::array();
+      for (std::size_t handled = 0; d.lost().size() > handled && recoveries.size() < 3;) {
+        handled = d.lost().size();
+        d.check_recoverable();
+        const Pool survivors = pool_of(d.alive(), per);
+        const GlobalPlan intact = d.plan_of(survivors);
+        out["failure"] = {{"lost_nodes", d.lost()},
+                          {"detected_seconds", std::chrono::duration<double>(d.lost_at() - t0).count()},
+                          {"intact_plan", plan_json(survivors.to_devices(intact))}};
+        const Signals now{static_cast<long>(2 + recoveries.size()), static_cast<int>(survivors.devices.size()), after, after, 1};
+        const Decision dec = ctl.decide(now, intact);
+        json rec{{"decision", decision_json(dec)}};
+        pool = survivors;
+        if (dec.admitted) {
+          rec["target_plan"] = plan_json(survivors.to_devices(dec.target));
+          const TransitionGraph rg = ctl.transition(intact, dec.target, now);
+          if (!rg.feasibility.ok) throw Error("the recovery does not fit device memory: " + rg.feasibility.reason);
+          rec["transition"] = co_await detail::run_graph(d, rg, survivors);
+        }
+        recoveries.push_back(rec);
+      }
+      if (!recoveries.empty()) out["recovery"] = recoveries;
+      if (d.lost().size() > 0) d.check_recoverable();
+    }
+    out["plan"] = plan_json(pool.to_devices(d.plan_of(pool)));
+    if (r.verify) out.update(co_await d.verify());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  co_await d.close();
+  if (!error.empty()) out["error"] = error;
+  const bool failed = out.contains("error") || out.contains("failure") || (out.contains("verified") && !out["verified"].get<bool>());
+  co_return TransitionOutcome{out.dump(), failed};
+}
+
+}  // namespace nereus::cluster

@@ -1,0 +1,135 @@
+#pragma once
+// The coordinator's side of a job across daemons (src/cluster only): sessions to the
+// nodes with concurrent requests, the job's units and where their buffers live, and the
+// execution of one global transition graph over them (job_graph_run.cpp).
+#include <chrono>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nereus/cluster/channel.hpp"
+#include "nereus/cluster/transition_service.hpp"
+#include "nereus/core/global_plan.hpp"
+#include "nereus/plan/transition_graph.hpp"
+#include "nereus/runtime/async_scope.hpp"
+#include "nereus/runtime/notifier.hpp"
+
+namespace nereus::cluster::detail {
+
+using clock = std::chrono::steady_clock;
+
+/// The devices a plan may use: the alive nodes' global device ids in rank order. Plans and
+/// graphs number GPUs 0..n−1 over them; index i is device `devices[i]`.
+struct Pool {
+  std::vector<DeviceId> devices;
+  DeviceId device(DeviceId index) const { return devices.at(static_cast<std::size_t>(index)); }
+  DeviceId index(DeviceId device) const;  ///< throws Error for a device off the pool
+  GlobalPlan to_devices(const GlobalPlan& p) const;
+  GlobalPlan to_indices(const GlobalPlan& p) const;
+};
+
+/// A unit of the job as the coordinator knows it: global device ids, and its buffers'
+/// addresses on every node that holds part of it.
+struct UnitRecord {
+  std::size_t stage = 0;
+  Emu emu;
+  std::vector<PeerInfo::Buffer> buffers;
+};
+
+class JobDriver {
+ public:
+  JobDriver(asio::any_io_executor ex, const JobRequest& r, int per_node, const std::string& token);
+
+  const JobSpec& job() const { return job_; }
+  const std::vector<ModelStage>& stages() const { return stages_; }
+  asio::any_io_executor executor() const { return ex_; }
+  Notifier& changed() { return changed_; }
+
+  /// Authenticates to every node, opens the job there and connects their UCX endpoints.
+  asio::awaitable<void> connect(const std::vector<NodeAddress>& nodes);
+  /// Allocates and fills the units of `plan` (pool indices).
+  asio::awaitable<void> load(const GlobalPlan& plan, const Pool& pool);
+  /// The current collections as a plan over `pool` (every unit must be on it).
+  GlobalPlan plan_of(const Pool& pool) const;
+  /// Each model-stage's current units (ids), in stage order.
+  std::vector<std::vector<std::uint32_t>>& current() { return current_; }
+  const UnitRecord& unit(std::uint32_t id) const { return units_.at(id); }
+
+  /// Records a new unit of `stage` (`emu` in global device ids); returns its id.
+  std::uint32_t add_unit(std::size_t stage, const Emu& emu);
+  /// Allocates a recorded unit on the nodes that hold its GPUs.
+  asio::awaitable<void> allocate(std::uint32_t id, bool fill);
+  /// Fills unit `id` from the source groups (one per model-stage read); returns each of its
+  /// nodes' report once that node's bytes have landed.
+  asio::awaitable<std::vector<RunDone>> build(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups);
+  /// Frees a unit on the alive nodes that hold part of it.
+  asio::awaitable<void> release(std::uint32_t id);
+  /// Throws Error when a model-stage has no unit left (after a node was lost).
+  void check_recoverable() const;
+  /// Whether none of the unit's GPUs is on a lost node.
+  bool intact(std::uint32_t id) const;
+  /// Tells every alive node to cancel its running builds.
+  asio::awaitable<void> abort_builds();
+  /// Requests still waiting for a reply end at once (after abort_builds: what still runs
+  /// would not stop); resume() ends that.
+  void give_up();
+  void resume() { giving_up_ = false; }
+
+  asio::awaitable<nlohmann::json> verify();
+  asio::awaitable<void> close();
+
+  std::vector<int> alive() const;
+  std::vector<int> lost() const;
+  clock::time_point lost_at() const { return lost_at_; }
+  int node_of(DeviceId d) const { return static_cast<int>(d) / per_; }
+
+ private:
+  struct Session {
+    int rank = 0;
+    std::unique_ptr<Channel> ch;
+    bool alive = true;
+    std::string lost;
+    struct Pending {
+      asio::steady_timer timer;
+      std::optional<Envelope> reply;
+    };
+    std::map<std::uint64_t, Pending*> pending;  // requests awaiting their reply
+  };
+
+  asio::awaitable<void> pump(Session& s);
+  Session& session(int rank);
+  /// One request and its reply; throws Error on a failure reply, a lost node or a timeout.
+  asio::awaitable<Envelope> call(int rank, const Body& body, const char* what);
+  asio::awaitable<void> call_into(int rank, Body body, const char* what, Envelope* out, std::string* error);
+  /// The same request to several nodes at once; throws the first error once all answered.
+  asio::awaitable<std::vector<Envelope>> each(const std::vector<int>& ranks, const Body& body, const char* what);
+  std::vector<int> nodes_of(const Emu& e) const;
+  UnitDesc describe(std::uint32_t id) const;
+
+  asio::any_io_executor ex_;
+  const JobRequest& request_;
+  int per_;
+  const std::string& token_;
+  JobSpec job_;
+  std::vector<ModelStage> stages_;
+  std::vector<std::unique_ptr<Session>> sessions_;
+  AsyncScope pumps_;
+  Notifier changed_;
+  std::uint64_t request_ids_ = 0;
+  std::uint32_t next_unit_ = 1;
+  std::map<std::uint32_t, UnitRecord> units_;
+  std::vector<std::vector<std::uint32_t>> current_;
+  clock::time_point lost_at_{};
+  bool giving_up_ = false;
+};
+
+/// Executes graph `g` (GPUs as `pool` indices) from the driver's current units. Every
+/// node of the graph starts when its edges allow; a build is committed when all its nodes
+/// reported. On a failure or a lost node the rest is aborted and each model-stage is left
+/// a valid collection of intact units. Returns the report (error set when it stopped).
+asio::awaitable<nlohmann::json> run_graph(JobDriver& d, const TransitionGraph& g, const Pool& pool);
+
+}  // namespace nereus::cluster::detail

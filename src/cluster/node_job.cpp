@@ -1,0 +1,322 @@
+// A job's units across daemons: a node's part (job_service.hpp).
+#include <signal.h>
+
+#include <map>
+
+#include "nereus/cluster/job_service.hpp"
+#include "nereus/core/error.hpp"
+#include "nereus/core/global_plan.hpp"
+#include "nereus/runtime/async_scope.hpp"
+#include "nereus/runtime/executor.hpp"
+#include "nereus/runtime/unit_store.hpp"
+#include "nereus/transport/local.hpp"
+#include "nereus/transport/ucx.hpp"
+#include "offload.hpp"
+
+namespace nereus::cluster {
+
+namespace {
+
+/// A unit of the job, as much of it as lives on this node.
+struct LocalUnit {
+  Collection one;  ///< the unit alone, as a collection of one
+  std::vector<BufferSpec> buffers;
+  std::vector<DeviceBuffer> memory;
+  int readers = 0;  ///< builds on this node reading it
+  bool building = false;
+};
+
+}  // namespace
+
+struct NodeJob::State {
+  asio::io_context& io;
+  int rank;
+  std::vector<std::unique_ptr<HostDevice>>& devices;
+  Metrics& metrics;
+  std::unique_ptr<JobSpec> job;
+  int per = 1;
+  int kill_node = -1;
+  bool doomed = false;
+  asio::steady_timer doom{io};
+  LocalTransport local{{2, 1 << 20}};
+  std::unique_ptr<UcxTransport> ucx;
+  std::vector<Registration> regs;
+  std::map<std::uint32_t, LocalUnit> units;
+  std::vector<Executor*> active;
+  AsyncScope builds{io.get_executor()};
+  std::shared_ptr<Channel*> reply_to;  // where builds report; cleared when the session ends
+  detail::Offload offload;
+
+  State(asio::io_context& i, int r, std::vector<std::unique_ptr<HostDevice>>& d, Metrics& m)
+      : io(i), rank(r), devices(d), metrics(m) {}
+
+  std::string me() const { return "node " + std::to_string(rank); }
+
+  HostDevice* device(DeviceId d) {
+    for (auto& dev : devices)
+      if (dev->id() == d) return dev.get();
+    return nullptr;
+  }
+
+  /// The unit a descriptor names, parsed and checked against the job.
+  Collection collection_of(const UnitDesc& u) const {
+    for (const ModelStage& st : model_stages(*job))
+      if (st.name() == u.model_stage) {
+        Collection c = Collection::from_spec(st.model, st.name(), parse_collection_spec(u.spec), st.kind == StageKind::train);
+        if (c.dp() != 1) throw Error("unit " + std::to_string(u.id) + ": '" + u.spec + "' is not one unit");
+        return c;
+      }
+    throw Error("'" + u.model_stage + "' is not a model-stage of the job");
+  }
+
+  PeerInfo open(const JobOpen& m) {
+    if (job) throw Error(me() + " already holds a job");
+    if (m.devices_per_node < 1) throw Error("devices per node must be positive");
+    job = std::make_unique<JobSpec>(parse_job(m.job, "the job"));
+    per = m.devices_per_node;
+    kill_node = m.kill_node;
+    UcxOptions uo;
+    uo.peer_error_handling = false;  // as the bench: keeps UCX's shared-memory transports
+    ucx = std::make_unique<UcxTransport>(io, uo);
+    PeerInfo info;
+    info.rank = static_cast<PeerId>(rank);
+    info.address = ucx->address();
+    for (auto& dev : devices) {
+      regs.push_back(ucx->register_memory({dev->arena(), dev->capacity(), dev->id(), MemoryKind::host}));
+      info.regions.push_back({dev->id(), regs.back().remote_key});
+    }
+    return info;
+  }
+
+  void connect(const Peers& peers) {
+    for (const PeerInfo& w : peers.all) {
+      if (w.rank == static_cast<PeerId>(rank)) continue;
+      if (Status st = ucx->connect(w.rank, w.address); !st) throw Error(st.message());
+      for (const auto& reg : w.regions)
+        if (Status st = ucx->add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
+    }
+  }
+
+  /// Allocates this node's buffers of a unit in the daemon's arenas.
+  LocalUnit& allocate(const UnitDesc& u) {
+    if (units.contains(u.id)) throw Error(me() + " already holds unit " + std::to_string(u.id));
+    LocalUnit unit{collection_of(u), {}, {}, 0, false};
+    std::vector<DeviceId> mine;
+    for (DeviceId d : unit.one.units[0].gpus)
+      if (static_cast<int>(d) / per == rank) mine.push_back(d);
+    if (mine.empty()) throw Error("unit " + std::to_string(u.id) + " (" + u.spec + ") has no GPU on " + me());
+    unit.buffers = collection_buffers(unit.one, 0, mine);
+    for (const BufferSpec& b : unit.buffers) {
+      HostDevice* dev = device(b.key.device);
+      if (!dev) throw Error("device " + std::to_string(b.key.device) + " is not one of " + me() + "'s devices");
+      unit.memory.push_back(dev->allocate(b.bytes(), u.model_stage + " unit " + std::to_string(u.id)));
+    }
+    return units.emplace(u.id, std::move(unit)).first->second;
+  }
+
+  UnitAllocated located(std::uint32_t id) const {
+    const LocalUnit& u = units.at(id);
+    UnitAllocated out{id, {}};
+    for (std::size_t b = 0; b < u.buffers.size(); ++b) {
+      const BufferKey& k = u.buffers[b].key;
+      out.buffers.push_back({0, k.device, k.buffer, k.slot, reinterpret_cast<std::uint64_t>(u.memory[b].data()), u.memory[b].size()});
+    }
+    return out;
+  }
+
+  LocalUnit& unit(std::uint32_t id) {
+    auto it = units.find(id);
+    if (it == units.end()) throw Error(me() + " holds no unit " + std::to_string(id));
+    return it->second;
+  }
+
+  /// Pulls this node's bytes of unit `b.target` from its sources; replies when they landed.
+  void build(const UnitBuild& b, std::uint64_t request) {
+    LocalUnit& target = unit(b.target);
+    if (target.building) throw Error("unit " + std::to_string(b.target) + " is already being built");
+    std::vector<Collection> from;
+    BufferTable table;
+    std::vector<LocalUnit*> held;
+    for (const SourceUnit& s : b.sources) {
+      if (s.group > from.size()) throw Error("source groups must come in order");
+      if (s.group == from.size()) {
+        from.push_back(collection_of(s.unit));
+        from.back().units.clear();
+      }
+      Collection c = collection_of(s.unit);
+      if (c.model_stage != from[s.group].model_stage) throw Error("a source group mixes model-stages");
+      from[s.group].units.push_back(c.units[0]);
+      for (const PeerInfo::Buffer& x : s.buffers)
+        table.bind({s.group, x.device, x.buffer, x.slot}, {x.address, x.bytes, static_cast<PeerId>(static_cast<int>(x.device) / per)});
+      if (auto it = units.find(s.unit.id); it != units.end()) held.push_back(&it->second);
+    }
+    for (std::size_t k = 0; k < target.buffers.size(); ++k) {
+      const BufferKey& key = target.buffers[k].key;
+      table.bind({kTargetSide, key.device, key.buffer, key.slot},
+                 {reinterpret_cast<std::uint64_t>(target.memory[k].data()), target.memory[k].size(), static_cast<PeerId>(rank)});
+    }
+    const ReshardPlan plan = plan_reshard(from, target.one);
+    ExecutorOptions eo;
+    eo.self = static_cast<PeerId>(rank);
+    const int per_node = per;
+    auto ex = std::make_shared<Executor>(local, ucx.get(), [per_node](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per_node); }, eo);
+    std::vector<DeviceId> mine;
+    for (const BufferSpec& x : target.buffers) mine.push_back(x.key.device);
+    const auto transfers = plan.transfers_touching(mine);
+    auto bound = std::make_shared<BoundTransition>(ex->bind(transfers, plan.target(), table));
+    if (kill_node == rank && !doomed) {  // fault injection: this daemon dies 3 ms into its first build
+      doomed = true;
+      doom.expires_after(std::chrono::milliseconds(3));
+      doom.async_wait([](auto) { ::raise(SIGKILL); });
+    }
+    target.building = true;
+    for (LocalUnit* u : held) ++u->readers;
+    builds.spawn(run_build(b.target, std::move(held), ex, bound, request));
+  }
+
+  asio::awaitable<void> run_build(std::uint32_t id, std::vector<LocalUnit*> held, std::shared_ptr<Executor> ex,
+                                  std::shared_ptr<BoundTransition> bound, std::uint64_t request) {
+    auto reply = reply_to;
+    Body body;
+    active.push_back(ex.get());
+    try {
+      const ExecutionReport r = co_await ex->run(*bound);
+      RunDone d{r.seconds, r.link_bytes, r.local_bytes, r.timings.size(), r.commits.size(), {}};
+      for (const TransferTiming& t : r.timings)
+        d.timings.push_back({static_cast<std::uint32_t>(t.src), static_cast<std::uint32_t>(t.dst), t.bytes, t.start, t.end});
+      metrics.add_run(d.seconds, d.timings);
+      body = std::move(d);
+    } catch (const std::exception& e) {
+      body = Failed{"unit " + std::to_string(id) + ": " + e.what()};
+    }
+    std::erase(active, ex.get());
+    for (LocalUnit* u : held) --u->readers;
+    if (auto it = units.find(id); it != units.end()) it->second.building = false;
+    const Envelope e{kProtocolVersion, request, 0, std::move(body)};
+    if (!reply || !*reply) co_return;  // the session is gone
+    try {
+      co_await (*reply)->send(e);
+    } catch (const std::exception&) {  // the coordinator went away; close() cleans up
+    }
+  }
+
+  void free(std::uint32_t id) {
+    LocalUnit& u = unit(id);
+    if (u.readers > 0 || u.building) throw Error("unit " + std::to_string(id) + " is in use by a build");
+    units.erase(id);
+  }
+
+  /// Every unit's bytes against the verification fill (on the helper thread).
+  FillCheck verify() const {
+    FillCheck all;
+    for (const auto& [id, u] : units)
+      for (std::size_t b = 0; b < u.buffers.size(); ++b) {
+        FillCheck one = check_buffer(*u.one.model, u.buffers[b], u.memory[b].data());
+        if (!one.ok) one.first_error = u.one.model_stage + " unit " + std::to_string(id) + ": " + one.first_error;
+        all.merge(one);
+      }
+    return all;
+  }
+
+  /// Cancels running builds and waits up to `limit`; false when one would not stop.
+  asio::awaitable<bool> abort(std::chrono::milliseconds limit) {
+    for (Executor* e : active) e->cancel();
+    asio::steady_timer t(io);
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (builds.pending() > 0 && std::chrono::steady_clock::now() < until) {
+      t.expires_after(std::chrono::milliseconds(5));
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    co_return builds.pending() == 0;
+  }
+};
+
+NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<HostDevice>>& devices, Metrics& metrics)
+    : s_(std::make_unique<State>(io, node_rank, devices, metrics)) {}
+
+NodeJob::~NodeJob() {
+  if (s_->builds.pending() > 0) std::_Exit(3);  // a transfer that would not stop still writes our arenas
+}
+
+bool NodeJob::open() const { return s_->job != nullptr; }
+
+asio::awaitable<bool> NodeJob::handle(Channel& ch, const Envelope& m) {
+  State& s = *s_;
+  if (!s.job && !std::holds_alternative<JobOpen>(m.body)) co_return false;
+  Body reply;
+  bool answer = true;
+  std::string failure;
+  try {
+    if (auto* o = std::get_if<JobOpen>(&m.body)) {
+      reply = Ready{s.open(*o)};
+      s.reply_to = std::make_shared<Channel*>(&ch);
+    } else if (auto* p = std::get_if<Peers>(&m.body)) {
+      s.connect(*p);
+      reply = Connected{};
+    } else if (auto* a = std::get_if<UnitAlloc>(&m.body)) {
+      LocalUnit& u = s.allocate(a->unit);
+      if (a->fill) {
+        LocalUnit* unit = &u;
+        auto fill = [unit] {
+          for (std::size_t b = 0; b < unit->buffers.size(); ++b) fill_buffer(*unit->one.model, unit->buffers[b], unit->memory[b].data());
+          return 0;
+        };
+        co_await s.offload(fill);  // gigabytes: off the event loop
+      }
+      reply = s.located(a->unit.id);
+    } else if (auto* b = std::get_if<UnitBuild>(&m.body)) {
+      s.build(*b, m.request_id);
+      answer = false;  // run_build replies
+    } else if (auto* f = std::get_if<UnitFree>(&m.body)) {
+      s.free(f->id);
+      reply = UnitFreed{f->id};
+    } else if (std::holds_alternative<Verify>(m.body)) {
+      const State* state = &s;
+      auto check = [state] { return state->verify(); };
+      const FillCheck c = co_await s.offload(check);
+      reply = Verified{c.ok, c.ok, c.bytes, c.first_error};
+    } else if (std::holds_alternative<Abort>(m.body)) {
+      const bool stopped = co_await s.abort(std::chrono::seconds(2));
+      reply = Aborted{!stopped};
+    } else if (std::holds_alternative<Finish>(m.body)) {
+      co_await close();
+      reply = Finished{};
+    } else {
+      co_return false;
+    }
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+  if (!failure.empty()) {
+    reply = Failed{failure};
+    answer = true;
+  }
+  if (answer) {
+    const Envelope e{kProtocolVersion, m.request_id, 0, std::move(reply)};
+    co_await ch.send(e);
+  }
+  co_return true;
+}
+
+asio::awaitable<void> NodeJob::close() {
+  State& s = *s_;
+  if (s.reply_to) *s.reply_to = nullptr;
+  if (!s.job) co_return;
+  if (!co_await s.abort(std::chrono::seconds(2))) {
+    // A transfer that would not stop still writes a unit: leave this job's state, arenas'
+    // buffers and UCX included, allocated for good rather than free memory under it.
+    State* stuck = s_.release();
+    s_ = std::make_unique<State>(stuck->io, stuck->rank, stuck->devices, stuck->metrics);
+    co_return;
+  }
+  co_await s.builds.join();
+  s.units.clear();
+  for (const auto& r : s.regs) s.ucx->deregister_memory(r);
+  s.regs.clear();
+  co_await s.ucx->shutdown();
+  s.ucx.reset();
+  s.job.reset();
+  s.doomed = false;
+}
+
+}  // namespace nereus::cluster
