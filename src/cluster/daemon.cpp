@@ -280,7 +280,13 @@ struct Daemon::State {
     std::string error;
     const auto t0 = Clock::now();
     try {
-      outcome = co_await drive_job(request, nodes, o.devices, o.device_capacity, o.token);
+      auto membership = [this](int rank) {
+        if (rank == o.launch.node_rank) return true;
+        for (const NodeStatus& m : members->status(Clock::now()).members)
+          if (m.rank == rank) return m.alive;
+        return false;
+      };
+      outcome = co_await drive_job(request, nodes, o.devices, o.device_capacity, o.token, membership);
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -1,7 +1,6 @@
 // A job's units across daemons: the coordinator's driver (job_service.hpp). The
 // controller and the transition graph number GPUs 0..n−1 over the alive nodes' devices
 // (the pool); messages to the nodes carry global device ids.
-#include <boost/asio/redirect_error.hpp>
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -39,9 +38,10 @@ GlobalPlan Pool::to_indices(const GlobalPlan& p) const {
   return out;
 }
 
-JobDriver::JobDriver(asio::any_io_executor ex, const JobRequest& r, int per_node, const std::string& token)
+JobDriver::JobDriver(asio::any_io_executor ex, const JobRequest& r, int per_node, const std::string& token,
+                     std::function<bool(int)> membership)
     : ex_(ex), request_(r), per_(per_node), token_(token), job_(parse_job(r.job, "the job")), stages_(model_stages(job_)),
-      pumps_(ex), changed_(ex) {}
+      pumps_(ex), changed_(ex), membership_(std::move(membership)) {}
 
 asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) {
   for (const NodeAddress& n : nodes) {
@@ -54,6 +54,7 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
     sessions_.push_back(std::move(s));
   }
   for (auto& s : sessions_) pumps_.spawn(pump(*s));
+  if (membership_) pumps_.spawn(watch_membership());
   const Body open = JobOpen{request_.job, per_, request_.kill_node};
   const std::vector<int> all = alive();
   const std::vector<Envelope> ready = co_await each(all, open, "job-open");
@@ -61,6 +62,19 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
   for (const Envelope& e : ready) peers.all.push_back(std::get<Ready>(e.body).info);
   const Body b = peers;
   co_await each(all, b, "peers");
+}
+
+asio::awaitable<void> JobDriver::watch_membership() {
+  asio::steady_timer tick(ex_);
+  while (!closing_) {
+    for (auto& s : sessions_)
+      if (s->alive && !membership_(s->rank)) {
+        s->silent = true;  // its pump ends once the channel is closed
+        s->ch->close();
+      }
+    tick.expires_after(std::chrono::milliseconds(100));
+    co_await tick.async_wait(asio::use_awaitable);
+  }
 }
 
 asio::awaitable<void> JobDriver::pump(Session& s) {
@@ -79,7 +93,7 @@ asio::awaitable<void> JobDriver::pump(Session& s) {
     break;
   }
   s.alive = false;
-  s.lost = lost;
+  s.lost = s.silent ? "no heartbeat from it (the membership lost it)" : lost;
   if (lost_at_ == clock::time_point{}) lost_at_ = clock::now();
   for (auto& [id, p] : s.pending) p->timer.cancel();
   changed_.notify();
@@ -121,8 +135,10 @@ asio::awaitable<Envelope> JobDriver::call(int rank, const Body& body, const char
     send_error = x.what();
   }
   if (send_error.empty() && !p.reply && s.alive) {
-    boost::system::error_code ec;
-    co_await p.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    try {
+      co_await p.timer.async_wait(asio::use_awaitable);
+    } catch (const boost::system::system_error&) {  // cancelled: a reply, a lost node, or giving up
+    }
   }
   s.pending.erase(id);
   const std::string who = "node " + std::to_string(rank);
@@ -282,6 +298,7 @@ asio::awaitable<void> JobDriver::close() {
     std::string error;
     co_await call_into(r, finish, "finish", &e, &error);
   }
+  closing_ = true;
   for (auto& s : sessions_) s->ch->close();
   co_await pumps_.join();
 }
@@ -316,8 +333,9 @@ Pool pool_of(const std::vector<int>& ranks, int per) {
 }  // namespace
 
 asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vector<NodeAddress>& nodes, int per,
-                                            std::uint64_t capacity, const std::string& token) {
-  detail::JobDriver d(co_await asio::this_coro::executor, r, per, token);
+                                            std::uint64_t capacity, const std::string& token,
+                                            std::function<bool(int)> membership) {
+  detail::JobDriver d(co_await asio::this_coro::executor, r, per, token, std::move(membership));
   const JobSpec& job = d.job();
   ClusterSpec hw = parse_cluster(r.cluster, "the cluster");
   hw.nodes = static_cast<int>(nodes.size());

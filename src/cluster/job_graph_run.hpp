@@ -3,6 +3,7 @@
 // nodes with concurrent requests, the job's units and where their buffers live, and the
 // execution of one global transition graph over them (job_graph_run.cpp).
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -41,7 +42,10 @@ struct UnitRecord {
 
 class JobDriver {
  public:
-  JobDriver(asio::any_io_executor ex, const JobRequest& r, int per_node, const std::string& token);
+  /// `membership(rank)` says whether the coordinator's heartbeats still see a node: a node
+  /// they lose (frozen, cut off) is treated as lost here too.
+  JobDriver(asio::any_io_executor ex, const JobRequest& r, int per_node, const std::string& token,
+            std::function<bool(int)> membership);
 
   const JobSpec& job() const { return job_; }
   const std::vector<ModelStage>& stages() const { return stages_; }
@@ -91,6 +95,7 @@ class JobDriver {
     int rank = 0;
     std::unique_ptr<Channel> ch;
     bool alive = true;
+    bool silent = false;  // closed because the membership lost it
     std::string lost;
     struct Pending {
       asio::steady_timer timer;
@@ -100,6 +105,8 @@ class JobDriver {
   };
 
   asio::awaitable<void> pump(Session& s);
+  /// Ends the sessions of nodes the membership has lost, until close().
+  asio::awaitable<void> watch_membership();
   Session& session(int rank);
   /// One request and its reply; throws Error on a failure reply, a lost node or a timeout.
   asio::awaitable<Envelope> call(int rank, const Body& body, const char* what);
@@ -124,6 +131,8 @@ class JobDriver {
   std::vector<std::vector<std::uint32_t>> current_;
   clock::time_point lost_at_{};
   bool giving_up_ = false;
+  std::function<bool(int)> membership_;
+  bool closing_ = false;
 };
 
 /// Executes graph `g` (GPUs as `pool` indices) from the driver's current units. Every

@@ -9,6 +9,7 @@
 // a valid collection of its intact units (none with a GPU on a lost node), and the
 // controller replans from them on the surviving devices. A node's side (NodeJob) holds the
 // units on its devices, in the daemon's own device arenas.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,9 +25,11 @@ namespace nereus::cluster {
 /// Runs the request over `nodes` (the alive nodes, each with `devices_per_node` devices of
 /// `device_capacity` bytes) and returns the JSON report. Bad requests (a job, cluster or
 /// plan that does not parse, a plan beyond the alive devices) throw nereus::Error; a node
-/// lost on the way is reported in the JSON (failure, recovery).
+/// lost on the way is reported in the JSON (failure, recovery). A node is lost when its
+/// connection ends or when `membership(rank)` turns false (the heartbeats lost it).
 asio::awaitable<TransitionOutcome> drive_job(const JobRequest& request, const std::vector<NodeAddress>& nodes,
-                                            int devices_per_node, std::uint64_t device_capacity, const std::string& token);
+                                            int devices_per_node, std::uint64_t device_capacity, const std::string& token,
+                                            std::function<bool(int)> membership = {});
 
 /// One node's part of a job, answering the coordinator on one channel.
 class NodeJob {
