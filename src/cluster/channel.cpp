@@ -72,6 +72,11 @@ asio::awaitable<Envelope> Channel::call(Body body, Millis limit) {
   }
 }
 
+asio::awaitable<void> Channel::reply(std::uint64_t request_id, const Body& body) {
+  const Envelope e{kProtocolVersion, request_id, 0, body};
+  co_await send(e);
+}
+
 void Channel::close() {
   boost::system::error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_both, ignored);

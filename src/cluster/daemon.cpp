@@ -133,8 +133,7 @@ struct Daemon::State {
   }
 
   asio::awaitable<void> reply(Channel& ch, std::uint64_t request_id, Body body) {
-    const Envelope e{kProtocolVersion, request_id, 0, std::move(body)};
-    co_await ch.send(e);
+    co_await ch.reply(request_id, body);
     ++metrics.frames_sent;
   }
 
@@ -246,8 +245,10 @@ struct Daemon::State {
     return {};
   }
 
-  // The coordinator runs a transition across the alive nodes for a client.
-  asio::awaitable<Body> transition(const TransitionSpec& spec) {
+  /// Runs `drive(nodes)` (a transition or a job) over the alive nodes for a client, one at
+  /// a time, and counts it.
+  template <class Drive>
+  asio::awaitable<Body> drive_alive(const std::string& what, const Drive& drive) {
     if (!members) co_return ErrorReply{"node " + std::to_string(o.launch.node_rank) + " is not the coordinator"};
     if (driving) co_return ErrorReply{"a transition is already running"};
     std::vector<NodeAddress> nodes;
@@ -257,7 +258,7 @@ struct Daemon::State {
     std::string error;
     const auto t0 = Clock::now();
     try {
-      outcome = co_await drive_transition(spec, nodes, o.devices, o.token);
+      outcome = co_await drive(nodes);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -265,37 +266,33 @@ struct Daemon::State {
     metrics.transition_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     ++(!error.empty() || outcome.failed ? metrics.transitions_failed : metrics.transitions_ok);
     if (!error.empty()) co_return ErrorReply{error};
-    log("transition {} {} -> {} over {} nodes done", spec.model, spec.from, spec.to, nodes.size());
+    log("{} over {} nodes done{}", what, nodes.size(), outcome.failed ? " (with a failure: see the report)" : "");
     co_return TransitionResult{outcome.report};
   }
 
-  // The coordinator runs a job's plan change across the alive nodes for a client.
+  // The coordinator runs a transition across the alive nodes for a client.
+  asio::awaitable<Body> transition(const TransitionSpec& spec) {
+    const auto drive = [&](const std::vector<NodeAddress>& nodes) { return drive_transition(spec, nodes, o.devices, o.token); };
+    const std::string what = fmt::format("transition {} {} -> {}", spec.model, spec.from, spec.to);
+    Body answer = co_await drive_alive(what, drive);
+    co_return answer;
+  }
+
+  // The coordinator runs a job's plan change across the alive nodes for a client; a node
+  // its heartbeats lose counts as lost in the job too.
   asio::awaitable<Body> run_job(const JobRequest& request) {
-    if (!members) co_return ErrorReply{"node " + std::to_string(o.launch.node_rank) + " is not the coordinator"};
-    if (driving) co_return ErrorReply{"a transition is already running"};
-    std::vector<NodeAddress> nodes;
-    if (std::string e = alive_nodes(nodes); !e.empty()) co_return ErrorReply{e};
-    driving = true;
-    TransitionOutcome outcome;
-    std::string error;
-    const auto t0 = Clock::now();
-    try {
-      auto membership = [this](int rank) {
-        if (rank == o.launch.node_rank) return true;
-        for (const NodeStatus& m : members->status(Clock::now()).members)
-          if (m.rank == rank) return m.alive;
-        return false;
-      };
-      outcome = co_await drive_job(request, nodes, o.devices, o.device_capacity, o.token, membership);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    driving = false;
-    metrics.transition_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    ++(!error.empty() || outcome.failed ? metrics.transitions_failed : metrics.transitions_ok);
-    if (!error.empty()) co_return ErrorReply{error};
-    log("job over {} nodes done{}", nodes.size(), outcome.failed ? " (with a failure: see the report)" : "");
-    co_return TransitionResult{outcome.report};
+    const auto membership = [this](int rank) {
+      if (rank == o.launch.node_rank) return true;
+      for (const NodeStatus& m : members->status(Clock::now()).members)
+        if (m.rank == rank) return m.alive;
+      return false;
+    };
+    const auto drive = [&](const std::vector<NodeAddress>& nodes) {
+      return drive_job(request, nodes, o.devices, o.device_capacity, o.token, membership);
+    };
+    const std::string what = "job";
+    Body answer = co_await drive_alive(what, drive);
+    co_return answer;
   }
 
   ClusterStatus status() {

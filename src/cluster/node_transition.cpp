@@ -147,10 +147,7 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
     reply = Failed{failure};
     answer = true;
   }
-  if (answer) {
-    const Envelope e{kProtocolVersion, m.request_id, 0, std::move(reply)};
-    co_await ch.send(e);
-  }
+  if (answer) co_await ch.reply(m.request_id, reply);
   co_return true;
 }
 

@@ -25,6 +25,8 @@ class Channel {
   void set_frame_cap(std::uint32_t cap) { frame_cap_ = cap; }
   /// Writes one frame, after the frames already being written.
   asio::awaitable<void> send(const Envelope& e);
+  /// Answers request `request_id` with `body`.
+  asio::awaitable<void> reply(std::uint64_t request_id, const Body& body);
   /// Reads one frame: its first byte must arrive within `idle` and the rest within `frame`
   /// after that (a peer that trickles bytes is cut off). Throws nereus::Error on end of
   /// stream, a timeout or a malformed frame; the error names which.
