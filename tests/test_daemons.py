@@ -338,6 +338,16 @@ try:
     j = wait_status(addr, lambda j: j.get("alive") == 3)
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
     check(rc == 0 and j.get("verified") is True and j.get("plan") == JOB_TO, f"after a rejoin the job runs over node 2 again ({err.strip()[-300:]})")
+    # A daemon frozen mid-graph (SIGSTOP): the heartbeats lose it, the job treats it as lost.
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--inject-freeze-node", "2")
+    f = j.get("failure", {})
+    check(rc == 0 and f.get("lost_nodes") == [2] and 0 < f.get("detected_seconds", -1) < 3 and j.get("verified") is True
+          and not devices_of(j.get("plan") or {"x": "devices=4"}) & {4, 5},
+          f"a daemon frozen mid-graph is lost by silence ({f.get('detected_seconds')} s), the job recovers and verifies ({err.strip()[-300:]})")
+    joins = member(status(addr)[1], 2).get("joins", 0)
+    nodes[2].p.send_signal(signal.SIGCONT)
+    j = wait_status(addr, lambda j: member(j, 2).get("alive") and member(j, 2).get("joins", 0) > joins, timeout=10)
+    check(j is not None, "the thawed node 2 rejoins")
     bad = dict(JOB_TO, **{"reward/infer": "tp=1,pp=1,dp=1,devices=9"})
     rc, j, err = cluster_job(addr, "--to", json.dumps(bad))
     check(rc == 1 and "device 9" in err, f"a plan beyond the alive devices: one clear error ({err.strip()[-200:]})")

@@ -32,7 +32,7 @@ struct JobArgs {
   std::string coordinator, token_file, job, cluster = "h200-node", plan, to;
   double response_len = 0, response_len_after = 0, timeout = 300;
   bool no_verify = false, json = false;
-  int kill_node = -1;
+  int kill_node = -1, freeze_node = -1;
 };
 
 #ifdef NEREUS_HAVE_CLUSTER
@@ -99,6 +99,7 @@ int run_job(const JobArgs& a) {
   r.verify = !a.no_verify;
   r.timeout_seconds = a.timeout;
   r.kill_node = a.kill_node;
+  r.freeze_node = a.freeze_node;
   const Body ask = r;
   // Loading, the transition, a recovery and the check: each phase may take up to the timeout.
   const std::string text = ask_daemon<TransitionResult>(at, load_token(a.token_file), ask, Millis(static_cast<long>(a.timeout * 1000 * 8))).json;
@@ -173,6 +174,7 @@ void add_cluster_command(CLI::App& app) {
   job->add_option("--timeout", j->timeout, "give up a request to a node after this many seconds (default 300)")->check(CLI::PositiveNumber);
   job->add_flag("--json", j->json, "print the report as one JSON object");
   job->add_option("--inject-kill-node", j->kill_node)->group("");  // fault injection for tests
+  job->add_option("--inject-freeze-node", j->freeze_node)->group("");
   job->callback([j] {
     if (const int rc = run_job(*j); rc != 0) throw CLI::RuntimeError(rc);
   });

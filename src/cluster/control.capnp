@@ -72,12 +72,14 @@ struct JobRequest {
   verify @6 :Bool;
   timeoutSeconds @7 :Float64;
   killNode @8 :Int32;         # fault injection: this node dies 3 ms into its first build; -1: none
+  freezeNode @9 :Int32;       # fault injection: this node stops (SIGSTOP) 3 ms into its first build; -1: none
 }
 
 struct JobOpen {
   job @0 :Text;
   devicesPerNode @1 :Int32;
   killNode @2 :Int32;
+  freezeNode @3 :Int32;
 }
 
 # One unit (EMU) of the job: `spec` is its layout and GPU list, "tp=2,pp=1,dp=1,devices=4,5".

@@ -506,4 +506,6 @@ asio::awaitable<void> Daemon::run() {
 
 void Daemon::stop() { s_->finish(""); }
 
+bool Daemon::stuck() const { return s_->metrics.stuck_parts > 0; }
+
 }  // namespace nereus::cluster

@@ -55,7 +55,7 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
   }
   for (auto& s : sessions_) pumps_.spawn(pump(*s));
   if (membership_) pumps_.spawn(watch_membership());
-  const Body open = JobOpen{request_.job, per_, request_.kill_node};
+  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node};
   const std::vector<int> all = alive();
   const std::vector<Envelope> ready = co_await each(all, open, "job-open");
   Peers peers;

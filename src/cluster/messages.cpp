@@ -265,11 +265,11 @@ Body body_of(w::Envelope::Body::Reader e) {
                         text_of(j.getPlan(), "plan", kMaxFile), text_of(j.getTarget(), "target plan", kMaxFile),
                         j.getResponseLen(),                     j.getResponseLenAfter(),
                         j.getVerify(),                          j.getTimeoutSeconds(),
-                        j.getKillNode()};
+                        j.getKillNode(),                        j.getFreezeNode()};
     }
     case w::Envelope::Body::JOB_OPEN: {
       auto j = e.getJobOpen();
-      return JobOpen{text_of(j.getJob(), "job", kMaxFile), j.getDevicesPerNode(), j.getKillNode()};
+      return JobOpen{text_of(j.getJob(), "job", kMaxFile), j.getDevicesPerNode(), j.getKillNode(), j.getFreezeNode()};
     }
     case w::Envelope::Body::UNIT_ALLOC: {
       auto a = e.getUnitAlloc();
@@ -419,12 +419,14 @@ Bytes encode_frame(const Envelope& e) {
                    o.setVerify(j.verify);
                    o.setTimeoutSeconds(j.timeout_seconds);
                    o.setKillNode(j.kill_node);
+                   o.setFreezeNode(j.freeze_node);
                  },
                  [&](const JobOpen& j) {
                    auto o = body.initJobOpen();
                    o.setJob(j.job);
                    o.setDevicesPerNode(j.devices_per_node);
                    o.setKillNode(j.kill_node);
+                   o.setFreezeNode(j.freeze_node);
                  },
                  [&](const UnitAlloc& a) {
                    auto o = body.initUnitAlloc();

@@ -68,6 +68,8 @@ std::string render_prometheus(const Metrics& m) {
   out += fmt::format("nereus_transition_run_seconds_total{{{}}} {:.6f}\n", node, m.run_seconds);
   metric("nereus_transition_run_last_seconds", "gauge", "This node's last transition run.");
   out += fmt::format("nereus_transition_run_last_seconds{{{}}} {:.6f}\n", node, m.last_run_seconds);
+  metric("nereus_stuck_parts", "gauge", "Transition or job parts left behind: a transfer that would not stop.");
+  out += fmt::format("nereus_stuck_parts{{{}}} {}\n", node, m.stuck_parts);
   if (m.coordinator) {
     metric("nereus_transitions_total", "counter", "Transitions the coordinator drove, by result.");
     out += fmt::format("nereus_transitions_total{{result=\"ok\"}} {}\n", m.transitions_ok);

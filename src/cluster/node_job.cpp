@@ -35,7 +35,7 @@ struct NodeJob::State {
   Metrics& metrics;
   std::unique_ptr<JobSpec> job;
   int per = 1;
-  int kill_node = -1;
+  int kill_node = -1, freeze_node = -1;
   bool doomed = false;
   asio::steady_timer doom{io};
   LocalTransport local{{2, 1 << 20}};
@@ -75,6 +75,7 @@ struct NodeJob::State {
     job = std::make_unique<JobSpec>(parse_job(m.job, "the job"));
     per = m.devices_per_node;
     kill_node = m.kill_node;
+    freeze_node = m.freeze_node;
     UcxOptions uo;
     uo.peer_error_handling = false;  // as the bench: keeps UCX's shared-memory transports
     ucx = std::make_unique<UcxTransport>(io, uo);
@@ -164,10 +165,12 @@ struct NodeJob::State {
     for (const BufferSpec& x : target.buffers) mine.push_back(x.key.device);
     const auto transfers = plan.transfers_touching(mine);
     auto bound = std::make_shared<BoundTransition>(ex->bind(transfers, plan.target(), table));
-    if (kill_node == rank && !doomed) {  // fault injection: this daemon dies 3 ms into its first build
+    if ((kill_node == rank || freeze_node == rank) && !doomed) {
+      // Fault injection: this daemon dies (or freezes) 3 ms into its first build.
       doomed = true;
       doom.expires_after(std::chrono::milliseconds(3));
-      doom.async_wait([](auto) { ::raise(SIGKILL); });
+      const int sig = kill_node == rank ? SIGKILL : SIGSTOP;
+      doom.async_wait([sig](auto) { ::raise(sig); });
     }
     target.building = true;
     for (LocalUnit* u : held) ++u->readers;
@@ -235,7 +238,12 @@ NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_pt
     : s_(std::make_unique<State>(io, node_rank, devices, metrics)) {}
 
 NodeJob::~NodeJob() {
-  if (s_->builds.pending() > 0) std::_Exit(3);  // a transfer that would not stop still writes our arenas
+  if (s_->builds.pending() > 0) {
+    // Ended mid-close (the daemon is stopping): a build still runs and writes its unit.
+    // Leave it its state; the daemon ends without destroying what it uses (Daemon::stuck).
+    ++s_->metrics.stuck_parts;
+    (void)s_.release();
+  }
 }
 
 bool NodeJob::open() const { return s_->job != nullptr; }
@@ -303,6 +311,7 @@ asio::awaitable<void> NodeJob::close() {
     // A transfer that would not stop still writes a unit: leave this job's state, arenas'
     // buffers and UCX included, allocated for good rather than free memory under it.
     State* stuck = s_.release();
+    ++stuck->metrics.stuck_parts;
     s_ = std::make_unique<State>(stuck->io, stuck->rank, stuck->devices, stuck->metrics);
     co_return;
   }

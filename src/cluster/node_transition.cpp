@@ -159,6 +159,7 @@ asio::awaitable<void> NodeTransition::close() {
   if (!finished) {
     // A transfer that would not stop still writes the arenas: leave it, and what it
     // references, allocated for good rather than free memory under it.
+    ++s.metrics.stuck_parts;
     (void)s.part.release();
     (void)s.prepared.release();
     (void)s.config.release();

@@ -81,6 +81,13 @@ int run(const Args& a) {
     return 1;
   }
   std::fprintf(stderr, "nereusd[%d]: stopped\n", o.launch.node_rank);
+  if (d.stuck()) {
+    // A transfer that would not stop still references its coroutines and memory: end here
+    // rather than destroy them under it.
+    std::fprintf(stderr, "nereusd[%d]: leaving a transfer that would not stop behind\n", o.launch.node_rank);
+    std::fflush(stderr);
+    std::_Exit(0);
+  }
   return 0;
 }
 

@@ -43,6 +43,9 @@ class Daemon {
   /// taken, coordinator unreachable within join_limit).
   asio::awaitable<void> run();
   void stop();
+  /// Whether a transition or job part was left behind running (a transfer that would not
+  /// stop): the process should then end without destroying what it still uses.
+  bool stuck() const;
 
  private:
   struct State;

@@ -146,11 +146,13 @@ struct JobRequest {
   bool verify = true;
   double timeout_seconds = 300;
   std::int32_t kill_node = -1;
+  std::int32_t freeze_node = -1;
 };
 struct JobOpen {
   std::string job;
   std::int32_t devices_per_node = 1;
   std::int32_t kill_node = -1;
+  std::int32_t freeze_node = -1;
 };
 /// One unit of a job on the wire: id, model-stage and "tp=..,pp=..,dp=1,devices=...".
 struct UnitDesc {

@@ -41,6 +41,9 @@ struct Metrics {
   double run_seconds = 0, last_run_seconds = 0;
   std::uint64_t transitions_ok = 0, transitions_failed = 0;  ///< coordinator: transitions driven
   double transition_seconds = 0;      ///< coordinator: their total duration
+  /// Transition or job parts left behind because a transfer would not stop (a UCX get to
+  /// a peer that went away): their memory stays allocated for good.
+  std::uint64_t stuck_parts = 0;
 
   /// Counts one run's transfers (per link, as received here).
   void add_run(double seconds, const std::vector<Timing>& timings);
