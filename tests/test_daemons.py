@@ -311,6 +311,13 @@ try:
     rc, j, err = cluster_job(addr, "--response-len", "128", "--response-len-after", "2048")
     check(rc == 0 and j.get("verified") is True and "decision" in j and j.get("plan"),
           f"cluster job: the controller's plan loads, it decides ({j.get('decision', {}).get('why')}), every unit verifies ({err.strip()[-300:]})")
+    # From a plan on two GPUs, responses 32x longer: the controller admits a better plan.
+    cramped = {k: "tp=1,pp=1,dp=1,devices=" + ("0" if k.startswith("actor") else "1") for k in JOB_FROM}
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(cramped), "--response-len", "128", "--response-len-after", "4096")
+    d = j.get("decision", {})
+    check(rc == 0 and d.get("admitted") is True and j.get("transition", {}).get("completed") is True and j.get("verified") is True
+          and len(devices_of(j.get("plan") or {"x": "devices=0"})) > 2,
+          f"the coordinator's controller admits a plan change and runs it ({d.get('why')} {err.strip()[-300:]})")
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
     t = j.get("transition", {})
     check(rc == 0 and t.get("completed") is True and j.get("plan") == JOB_TO and j.get("verified") is True,

@@ -117,7 +117,7 @@ int run_job(const JobArgs& a) {
                              plan_line(j["initial_plan"]));
     if (j.contains("decision"))
       std::cout << fmt::format("  controller: {} ({})\n", j["decision"].value("admitted", false) ? "admitted" : "kept the plan",
-                               j["decision"].value("why", ""));
+                               j["decision"].value("why", "").empty() ? "no signal drifted" : j["decision"].value("why", ""));
     if (j.contains("transition")) std::cout << transition_lines(j["transition"]);
     if (j.contains("failure")) {
       const auto& f = j["failure"];
