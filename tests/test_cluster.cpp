@@ -82,7 +82,7 @@ TEST_CASE("frames: the job messages survive a round trip") {
   const UnitDesc unit{9, "actor/train", "tp=2,pp=1,dp=1,devices=4,5"};
   const std::vector<Body> bodies = {
       JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2},
-      JobOpen{"{}", 2, -1},
+      JobOpen{"{}", 2, -1, 1, Bytes(128, 7)},
       UnitAlloc{unit, true},
       UnitAllocated{9, {buf, buf}},
       UnitBuild{12, {SourceUnit{unit, 1, {buf}}}},
@@ -107,6 +107,11 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(u.sources[0].buffers[0].slot == Slot::exp_avg);
   CHECK(u.sources[0].buffers[0].address == 0x7f0000001000);
   CHECK(std::get<UnitAllocated>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[3]})).body).buffers.size() == 2);
+  const auto o = std::get<JobOpen>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[1]})).body);
+  CHECK(o.nccl_id == Bytes(128, 7));
+  CHECK(o.freeze_node == 1);
+  const Body long_id = JobOpen{"{}", 2, -1, -1, Bytes(129, 1)};
+  CHECK(has(error_of([&] { decode_frame(encode_frame({kProtocolVersion, 1, 0, long_id})); }), "NCCL unique id of 129 bytes"));
 }
 
 TEST_CASE("frames: bad input is one clear error, never a crash") {

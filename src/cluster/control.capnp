@@ -80,6 +80,7 @@ struct JobOpen {
   devicesPerNode @1 :Int32;
   killNode @2 :Int32;
   freezeNode @3 :Int32;
+  ncclId @4 :Data;            # an NCCL unique id for the job's nodes (128 bytes); empty: not built with NCCL
 }
 
 # One unit (EMU) of the job: `spec` is its layout and GPU list, "tp=2,pp=1,dp=1,devices=4,5".

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "job_graph_run.hpp"
+#include "nccl_bootstrap.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/core/error.hpp"
@@ -55,7 +56,8 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
   }
   for (auto& s : sessions_) pumps_.spawn(pump(*s));
   if (membership_) pumps_.spawn(watch_membership());
-  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node};
+  nccl_id_ = nccl_unique_id();  // one per job; empty without NCCL
+  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, nccl_id_};
   const std::vector<int> all = alive();
   const std::vector<Envelope> ready = co_await each(all, open, "job-open");
   Peers peers;
@@ -358,6 +360,7 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vec
   std::string error;
   try {
     co_await d.connect(nodes);
+    out["nccl_unique_id_bytes"] = d.nccl_id().size();
     co_await d.load(initial, pool);
     // The controller decides the change (unless the request names the target).
     const Signals next{1, static_cast<int>(pool.devices.size()), after, after, 1};

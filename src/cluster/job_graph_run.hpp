@@ -85,6 +85,8 @@ class JobDriver {
   asio::awaitable<nlohmann::json> verify();
   asio::awaitable<void> close();
 
+  /// The NCCL unique id the nodes got (empty without NCCL).
+  const Bytes& nccl_id() const { return nccl_id_; }
   std::vector<int> alive() const;
   std::vector<int> lost() const;
   clock::time_point lost_at() const { return lost_at_; }
@@ -133,6 +135,7 @@ class JobDriver {
   bool giving_up_ = false;
   std::function<bool(int)> membership_;
   bool closing_ = false;
+  Bytes nccl_id_;
 };
 
 /// Executes graph `g` (GPUs as `pool` indices) from the driver's current units. Every

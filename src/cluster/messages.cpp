@@ -28,6 +28,7 @@ constexpr std::size_t kMaxBuffers = 1 << 22;   // source buffers of one process
 constexpr std::size_t kMaxPeers = 4096;
 constexpr std::size_t kMaxFile = 1 << 20;      // a job, cluster or plan file's JSON
 constexpr std::size_t kMaxSources = 1 << 16;   // units one build reads
+constexpr std::size_t kMaxNcclId = 128;        // NCCL_UNIQUE_ID_BYTES
 
 template <class... F>
 struct Overload : F... {
@@ -269,7 +270,9 @@ Body body_of(w::Envelope::Body::Reader e) {
     }
     case w::Envelope::Body::JOB_OPEN: {
       auto j = e.getJobOpen();
-      return JobOpen{text_of(j.getJob(), "job", kMaxFile), j.getDevicesPerNode(), j.getKillNode(), j.getFreezeNode()};
+      if (j.getNcclId().size() > kMaxNcclId) throw Error("an NCCL unique id of " + std::to_string(j.getNcclId().size()) + " bytes is too long");
+      return JobOpen{text_of(j.getJob(), "job", kMaxFile), j.getDevicesPerNode(), j.getKillNode(), j.getFreezeNode(),
+                     Bytes(j.getNcclId().begin(), j.getNcclId().end())};
     }
     case w::Envelope::Body::UNIT_ALLOC: {
       auto a = e.getUnitAlloc();
@@ -427,6 +430,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setDevicesPerNode(j.devices_per_node);
                    o.setKillNode(j.kill_node);
                    o.setFreezeNode(j.freeze_node);
+                   o.setNcclId(data_of(j.nccl_id));
                  },
                  [&](const UnitAlloc& a) {
                    auto o = body.initUnitAlloc();

@@ -11,6 +11,7 @@
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/ucx.hpp"
+#include "nccl_bootstrap.hpp"
 #include "offload.hpp"
 
 namespace nereus::cluster {
@@ -36,6 +37,7 @@ struct NodeJob::State {
   std::unique_ptr<JobSpec> job;
   int per = 1;
   int kill_node = -1, freeze_node = -1;
+  Bytes nccl_id;
   bool doomed = false;
   asio::steady_timer doom{io};
   LocalTransport local{{2, 1 << 20}};
@@ -76,8 +78,13 @@ struct NodeJob::State {
     per = m.devices_per_node;
     kill_node = m.kill_node;
     freeze_node = m.freeze_node;
+    detail::check_nccl_id(m.nccl_id);
+    nccl_id = m.nccl_id;  // for an NCCL communicator over the job's nodes (no NCCL transport yet)
     UcxOptions uo;
-    uo.peer_error_handling = false;  // as the bench: keeps UCX's shared-memory transports
+    // A daemon must outlive its peers: without peer error handling UCX aborts the process
+    // when a peer's connection fails (a daemon killed mid-build). It costs UCX's
+    // shared-memory transports.
+    uo.peer_error_handling = true;
     ucx = std::make_unique<UcxTransport>(io, uo);
     PeerInfo info;
     info.rank = static_cast<PeerId>(rank);

@@ -153,6 +153,7 @@ struct JobOpen {
   std::int32_t devices_per_node = 1;
   std::int32_t kill_node = -1;
   std::int32_t freeze_node = -1;
+  Bytes nccl_id;  ///< the coordinator's NCCL unique id for the job; empty without NCCL
 };
 /// One unit of a job on the wire: id, model-stage and "tp=..,pp=..,dp=1,devices=...".
 struct UnitDesc {
