@@ -423,6 +423,13 @@ finally:
             except ProcessLookupError:
                 pass
             p.wait()
+    # A daemon that died on its own (abort, crash): its log's end says why, for CI.
+    for name in sorted(os.listdir(work)):
+        if name.endswith(".log"):
+            with open(os.path.join(work, name), errors="replace") as f:
+                text = f.read()
+            if re.search(r"Assertion|AsyncScope destroyed|Sanitizer|runtime error|fatal|terminate called|Aborted", text):
+                print(f"--- end of {name} ---\n{text[-3000:]}", file=sys.stderr)
     if os.environ.get("NEREUS_KEEP_LOGS"):
         print("logs kept in", work)
     else:
