@@ -428,7 +428,7 @@ finally:
         if name.endswith(".log"):
             with open(os.path.join(work, name), errors="replace") as f:
                 text = f.read()
-            if re.search(r"Assertion|AsyncScope destroyed|Sanitizer|runtime error|fatal|terminate called|Aborted", text):
+            if re.search(r"Assertion|AsyncScope destroyed|Sanitizer|runtime error|[Ff]atal|terminate called|Aborted|Caught signal|Segmentation", text):
                 print(f"--- end of {name} ---\n{text[-3000:]}", file=sys.stderr)
     if os.environ.get("NEREUS_KEEP_LOGS"):
         print("logs kept in", work)

@@ -81,10 +81,11 @@ struct NodeJob::State {
     detail::check_nccl_id(m.nccl_id);
     nccl_id = m.nccl_id;  // for an NCCL communicator over the job's nodes (no NCCL transport yet)
     UcxOptions uo;
-    // A daemon must outlive its peers: without peer error handling UCX aborts the process
-    // when a peer's connection fails (a daemon killed mid-build). It costs UCX's
-    // shared-memory transports.
-    uo.peer_error_handling = true;
+    // Without UCX's peer error handling: with it, UCX runs gets over TCP, and a process
+    // serving a get to a peer that dies aborts (ucp_get_req_handler: "Endpoint timeout").
+    // Without it, gets go over shared memory / CMA, which the serving side never sees, and
+    // a failed endpoint reaches our error handler (UcxTransport::connect).
+    uo.peer_error_handling = false;
     ucx = std::make_unique<UcxTransport>(io, uo);
     PeerInfo info;
     info.rank = static_cast<PeerId>(rank);

@@ -12,7 +12,6 @@ bench::TransitionConfig config_of(const TransitionSpec& s) {
   c.train = s.train;
   c.sync = s.sync;
   c.transport = "ucx";
-  c.ucx_peer_errors = true;  // a daemon must outlive its peers (UCX aborts on a failed peer otherwise)
   c.repeat = s.repeat;
   c.verify = s.verify;
   c.dump_dir = s.dump_dir;

@@ -45,6 +45,8 @@ struct UcxTransport::Impl {
   std::map<PeerId, std::string> failed;  // peer → why
   std::map<std::pair<PeerId, DeviceId>, ucp_rkey_h> rkeys;
   std::map<UcxBatch*, std::shared_ptr<UcxBatch>> batches;  // in flight
+  // Work posted to the event loop holds this weakly: it may run after the transport is gone.
+  std::shared_ptr<int> alive = std::make_shared<int>(0);
   std::size_t in_flight = 0;
   bool stopping = false;
   bool waiting = false;
@@ -241,11 +243,11 @@ Status UcxTransport::connect(PeerId peer, std::span<const std::byte> address) {
   p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   p.address = reinterpret_cast<const ucp_address_t*>(address.data());
   p.err_mode = impl_->options.peer_error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-  if (impl_->options.peer_error_handling) {
-    p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.err_handler.cb = &Impl::on_ep_error;
-    p.err_handler.arg = impl_.get();
-  }
+  // The handler also without peer error handling: UCX (>= 1.12) then calls it for a
+  // failed endpoint instead of aborting the process (a peer killed mid-transfer).
+  p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.err_handler.cb = &Impl::on_ep_error;
+  p.err_handler.arg = impl_.get();
   ucp_ep_h ep = nullptr;
   if (ucs_status_t s = ucp_ep_create(impl_->worker, &p, &ep); s != UCS_OK)
     return {StatusCode::io_error, "ucx: cannot connect to peer " + std::to_string(peer) + ": " + ucs(s)};
@@ -271,7 +273,9 @@ void UcxBatch::finish_if_done() {
   if (registered) {
     --impl->in_flight;
     // Called from inside ucp_worker_progress: drop our reference later, not here.
-    asio::post(impl->io, [impl = impl, self = this] { impl->batches.erase(self); });
+    asio::post(impl->io, [impl = impl, alive = std::weak_ptr<int>(impl->alive), self = this] {
+      if (!alive.expired()) impl->batches.erase(self);
+    });
   }
 }
 
