@@ -12,18 +12,6 @@ UcxOptions ucx_options(const TransitionConfig& c) {
   return o;
 }
 
-/// Whether every coroutine of `scope` finished within `limit`.
-asio::awaitable<bool> join_within(AsyncScope& scope, std::chrono::milliseconds limit) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (scope.pending() > 0 && std::chrono::steady_clock::now() < until) {
-    t.expires_after(std::chrono::milliseconds(5));
-    co_await t.async_wait(asio::use_awaitable);
-  }
-  if (scope.pending() > 0) co_return false;
-  co_await scope.join();
-  co_return true;
-}
 }  // namespace
 
 Participant::Participant(asio::io_context& io, const TransitionConfig& c, const Prepared& p, std::vector<DeviceId> mine,
@@ -90,7 +78,7 @@ void Participant::run(std::function<asio::awaitable<void>(RunResult)> done) {
 
 asio::awaitable<bool> Participant::abort(std::chrono::milliseconds limit) {
   if (ex_) ex_->cancel();
-  stuck_ = !co_await join_within(scope_, limit);
+  stuck_ = !co_await scope_.join_within(limit);
   co_return !stuck_;
 }
 
@@ -104,7 +92,7 @@ nlohmann::json Participant::dump(const std::string& dir) const { return store_.d
 
 asio::awaitable<bool> Participant::finish(std::chrono::milliseconds limit) {
   if (ex_) ex_->cancel();
-  if (stuck_ || !co_await join_within(scope_, limit)) co_return false;
+  if (stuck_ || !co_await scope_.join_within(limit)) co_return false;
   for (const auto& r : regs_) ucx_.deregister_memory(r);
   regs_.clear();
   co_await ucx_.shutdown();

@@ -150,7 +150,7 @@ class GraphRun {
     const std::vector<ModelStage>& stages = d_.stages();
     bool held = false;
     for (std::size_t k = 0; k < stages.size() && !held; ++k) {
-      if (stages[k].role != stages[m].role || (stages[m].kind == StageKind::train && stages[k].kind != StageKind::train)) continue;
+      if (!stages[k].holds_state_of(stages[m])) continue;
       for (std::size_t j = 0; j < olds_[k].size() && !held; ++j) held = olds_[k][j] != id && !destroyed_[k][j];
       for (std::uint32_t v : news_[k]) held = held || (v != 0 && v != id);
     }

@@ -60,7 +60,6 @@ class JobDriver {
   GlobalPlan plan_of(const Pool& pool) const;
   /// Each model-stage's current units (ids), in stage order.
   std::vector<std::vector<std::uint32_t>>& current() { return current_; }
-  const UnitRecord& unit(std::uint32_t id) const { return units_.at(id); }
 
   /// Records a new unit of `stage` (`emu` in global device ids); returns its id.
   std::uint32_t add_unit(std::size_t stage, const Emu& emu);

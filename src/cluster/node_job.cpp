@@ -232,13 +232,8 @@ struct NodeJob::State {
   /// Cancels running builds and waits up to `limit`; false when one would not stop.
   asio::awaitable<bool> abort(std::chrono::milliseconds limit) {
     for (Executor* e : active) e->cancel();
-    asio::steady_timer t(io);
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (builds.pending() > 0 && std::chrono::steady_clock::now() < until) {
-      t.expires_after(std::chrono::milliseconds(5));
-      co_await t.async_wait(asio::use_awaitable);
-    }
-    co_return builds.pending() == 0;
+    const bool stopped = co_await builds.join_within(limit);
+    co_return stopped;
   }
 };
 
@@ -315,7 +310,7 @@ asio::awaitable<void> NodeJob::close() {
   State& s = *s_;
   if (s.reply_to) *s.reply_to = nullptr;
   if (!s.job) co_return;
-  if (!co_await s.abort(std::chrono::seconds(2))) {
+  if (!co_await s.abort(std::chrono::seconds(2))) {  // joined when it returns true
     // A transfer that would not stop still writes a unit: leave this job's state, arenas'
     // buffers and UCX included, allocated for good rather than free memory under it.
     State* stuck = s_.release();
@@ -323,7 +318,6 @@ asio::awaitable<void> NodeJob::close() {
     s_ = std::make_unique<State>(stuck->io, stuck->rank, stuck->devices, stuck->metrics);
     co_return;
   }
-  co_await s.builds.join();
   s.units.clear();
   for (const auto& r : s.regs) s.ucx->deregister_memory(r);
   s.regs.clear();

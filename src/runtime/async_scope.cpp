@@ -46,4 +46,16 @@ asio::awaitable<void> AsyncScope::join() {
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
+asio::awaitable<bool> AsyncScope::join_within(std::chrono::milliseconds limit) {
+  asio::steady_timer t(ex_);
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (pending_ > 0 && std::chrono::steady_clock::now() < until) {
+    t.expires_after(std::chrono::milliseconds(5));
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+  if (pending_ > 0) co_return false;
+  co_await join();
+  co_return true;
+}
+
 }  // namespace nereus

@@ -121,7 +121,7 @@ void TransitionRun::destroy(std::uint32_t x) {
   bool held = false;
   for (std::size_t k = 0; k < graph.stages.size() && !held; ++k) {
     const ModelStage& other = job->stages[k];
-    if (other.role != st.role || (st.kind == StageKind::train && other.kind != StageKind::train)) continue;
+    if (!other.holds_state_of(st)) continue;
     for (std::size_t j = 0; j < olds[k].size() && !held; ++j)
       held = !(k == m && j == n.unit.unit) && !destroyed[k][j] && !olds[k][j]->freed;
     for (const UnitPtr& v : news[k]) held = held || (v && v != u && !v->freed);

@@ -23,6 +23,12 @@ struct ModelStage {
   StageKind kind;
   std::shared_ptr<const ModelSpec> model;
   std::string name() const { return role + "/" + std::string(to_string(kind)); }
+  /// Whether a unit of this model-stage holds the state of a unit of `other`, so that
+  /// `other`'s unit may be freed: the same model, and the optimizer state too when
+  /// `other` trains.
+  bool holds_state_of(const ModelStage& other) const {
+    return role == other.role && (other.kind != StageKind::train || kind == StageKind::train);
+  }
 };
 
 struct JobSpec {

@@ -2,6 +2,7 @@
 // An async scope: coroutines spawned into it are joined before it goes away, so no
 // detached coroutine outlives what it uses (style.md, after folly::coro and Seastar).
 // One scope belongs to one executor and is used from that executor's thread.
+#include <chrono>
 #include <exception>
 #include <utility>
 #include <list>
@@ -27,6 +28,9 @@ class AsyncScope {
   /// Completes when every spawned coroutine has finished; rethrows the first exception
   /// one of them ended with.
   asio::awaitable<void> join();
+  /// join(), if every coroutine finishes within `limit`; false (nothing joined) when one
+  /// is still running then, such as a transfer that would not stop.
+  asio::awaitable<bool> join_within(std::chrono::milliseconds limit);
   std::size_t pending() const { return pending_; }
 
  private:
