@@ -12,6 +12,7 @@
 #include "nccl_bootstrap.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/job_service.hpp"
+#include "nereus/core/bytes.hpp"
 #include "nereus/core/error.hpp"
 #include "nereus/plan/controller.hpp"
 
@@ -350,7 +351,13 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vec
   const double after = r.response_len_after > 0 ? r.response_len_after : len;
   Controller ctl(job, hw);
   const Signals first{0, static_cast<int>(pool.devices.size()), len, len, 1};
-  GlobalPlan initial = ctl.initial(first);
+  GlobalPlan initial;
+  try {
+    initial = ctl.initial(first);
+  } catch (const Error& e) {
+    throw Error("the daemons' " + std::to_string(pool.devices.size()) + " devices of " + human_bytes(capacity) + ": " + e.what() +
+                " (start the daemons with more --devices, or pass --plan)");
+  }
   if (!r.plan.empty()) initial = pool.to_indices(parse_global_plan(job, r.plan, "the plan"));
   std::optional<GlobalPlan> forced;
   if (!r.target.empty()) forced = pool.to_indices(parse_global_plan(job, r.target, "the target plan"));
