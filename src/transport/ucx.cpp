@@ -45,6 +45,10 @@ struct UcxTransport::Impl {
   std::map<PeerId, std::string> failed;  // peer → why
   std::map<std::pair<PeerId, DeviceId>, ucp_rkey_h> rkeys;
   std::map<UcxBatch*, std::shared_ptr<UcxBatch>> batches;  // in flight
+  // Deregistered memory, unmapped only after the worker is destroyed: destroying it purges
+  // requests still pending to a dead or frozen peer, and those touch their memory handles
+  // (unmapping first crashed a daemon in ucp_worker_destroy).
+  std::vector<ucp_mem_h> unmap_later;
   // Work posted to the event loop holds this weakly: it may run after the transport is gone.
   std::shared_ptr<int> alive = std::make_shared<int>(0);
   std::size_t in_flight = 0;
@@ -184,6 +188,7 @@ UcxTransport::~UcxTransport() {
     }
   }
   ucp_worker_destroy(impl_->worker);
+  for (ucp_mem_h m : impl_->unmap_later) ucp_mem_unmap(impl_->context, m);
   ucp_cleanup(impl_->context);
 }
 
@@ -225,7 +230,7 @@ Registration UcxTransport::register_memory(const MemoryRegion& region) {
 }
 
 void UcxTransport::deregister_memory(const Registration& r) {
-  ucp_mem_unmap(impl_->context, reinterpret_cast<ucp_mem_h>(r.handle));
+  impl_->unmap_later.push_back(reinterpret_cast<ucp_mem_h>(r.handle));
 }
 
 std::vector<std::byte> UcxTransport::address() const {

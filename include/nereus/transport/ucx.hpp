@@ -27,6 +27,7 @@ class UcxTransport final : public Transport {
   std::string_view name() const override { return "ucx"; }
   Capabilities capabilities() const override;
   Registration register_memory(const MemoryRegion& region) override;
+  /// The memory stays mapped until the transport is destroyed (after its worker).
   void deregister_memory(const Registration& registration) override;
   std::vector<std::byte> address() const override;
   Status connect(PeerId peer, std::span<const std::byte> address) override;
