@@ -14,7 +14,7 @@
 
 #include "bench_args.hpp"
 #include "nereus/core/cluster.hpp"
-#include "nereus/plan/planner.hpp"
+#include "nereus/control/planner.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <exception>
 #include <optional>
 
-#include "nereus/runtime/asio.hpp"
+#include "nereus/base/asio.hpp"
 
 namespace testing {
 

@@ -9,7 +9,7 @@
 
 #include "nereus/core/cluster.hpp"
 #include "nereus/core/emu.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/fill.hpp"
 #include "nereus/core/job.hpp"
 #include "nereus/core/layout.hpp"
@@ -35,16 +35,18 @@ TEST_CASE("presets parse and give the published parameter counts") {
   for (const auto& name : preset_names(PresetKind::cluster)) CHECK_NOTHROW(load_cluster(name));
 }
 
-TEST_CASE("presets are the files of ../shared (when it is there)") {
+TEST_CASE("presets are copies of the files of ../shared (when it is there)") {
+  // The product carries its own copy of every preset it offers; ../shared may hold more
+  // (models whose support is still to come).
   const char* shared = std::getenv("NEREUS_SHARED");
   if (!shared || !std::filesystem::is_directory(std::string(shared) + "/models")) return;
-  for (const char* kind : {"models", "clusters", "jobs"}) {
+  for (const auto& [kind, folder] : {std::pair{PresetKind::model, "models"}, std::pair{PresetKind::cluster, "clusters"},
+                                     std::pair{PresetKind::job, "jobs"}}) {
     int seen = 0;
-    for (const auto& e : std::filesystem::directory_iterator(std::string(shared) + "/" + kind)) {
-      const std::string name = e.path().stem().string();
-      const auto text = find_preset(kind[0] == 'm' ? PresetKind::model : kind[0] == 'c' ? PresetKind::cluster : PresetKind::job, name);
-      REQUIRE_MESSAGE(text.has_value(), "no preset for ", e.path().string());
-      CHECK(std::string(*text) == read_text_file(e.path().string()));
+    for (const auto& name : preset_names(kind)) {
+      const std::string path = std::string(shared) + "/" + folder + "/" + name + ".json";
+      if (!std::filesystem::exists(path)) continue;
+      CHECK_MESSAGE(std::string(*find_preset(kind, name)) == read_text_file(path), "preset ", name, " differs from ", path);
       ++seen;
     }
     CHECK(seen > 0);

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "../src/plan/assignment.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/plan/placement.hpp"
 #include "nereus/plan/reshard.hpp"
 

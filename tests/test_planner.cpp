@@ -6,7 +6,7 @@
 #include <random>
 
 #include "job_cases.hpp"
-#include "nereus/plan/planner.hpp"
+#include "nereus/control/planner.hpp"
 #include "test_util.hpp"
 
 using namespace nereus;

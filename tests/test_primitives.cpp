@@ -3,7 +3,7 @@
 
 #include "test_util.hpp"
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/plan/primitives.hpp"
 
 using namespace nereus;

@@ -9,7 +9,8 @@
 
 #include "mock_transport.hpp"
 #include "run_async.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/core/bytes.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/plan/reshard.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/transport/local.hpp"
@@ -25,13 +26,13 @@ namespace {
 
 /// Host devices and bound buffers of a single-process transition.
 struct World {
-  std::map<DeviceId, std::unique_ptr<HostDevice>> devices;
+  std::map<DeviceId, std::unique_ptr<Device>> devices;
   std::vector<DeviceBuffer> buffers;
   BufferTable table;
 
-  HostDevice& device(DeviceId d) {
+  Device& device(DeviceId d) {
     auto& p = devices[d];
-    if (!p) p = std::make_unique<HostDevice>(d, 64 << 20);
+    if (!p) p = make_device({MemoryKind::host, d, 64 << 20});
     return *p;
   }
   void bind_all(const ReshardPlan& plan) {
@@ -77,7 +78,10 @@ Collection coll(const std::string& spec, bool train = false) {
 }  // namespace
 
 TEST_CASE("device arenas: cap, current and peak use, reuse after free") {
-  HostDevice d(3, 1 << 20);
+  auto dev = make_device({MemoryKind::host, 3, 1 << 20});
+  Device& d = *dev;
+  CHECK(d.kind() == MemoryKind::host);
+  CHECK(error_of([] { make_device({MemoryKind::cuda, 0, 1 << 20}); }).find("no cuda backend") != std::string::npos);
   auto a = d.allocate(300 << 10, "a");
   auto b = d.allocate(300 << 10, "b");
   CHECK(d.used() >= 600 << 10);

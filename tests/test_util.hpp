@@ -2,7 +2,7 @@
 // Small helpers shared by the doctest files.
 #include <string>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace testing {
 

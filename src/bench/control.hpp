@@ -9,8 +9,8 @@
 #include <deque>
 #include <nlohmann/json.hpp>
 
-#include "nereus/core/error.hpp"
-#include "nereus/runtime/asio.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/base/asio.hpp"
 
 namespace nereus::bench {
 

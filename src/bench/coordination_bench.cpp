@@ -15,7 +15,7 @@
 #include <random>
 
 #include "job_bench.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/plan/geometry.hpp"
 #include "nereus/runtime/job.hpp"
 #include "nereus/transport/chaos.hpp"

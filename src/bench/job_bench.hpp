@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "nereus/runtime/asio.hpp"
+#include "nereus/base/asio.hpp"
 
 namespace nereus::bench {
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "job_bench.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/fill.hpp"
 #include "nereus/runtime/job.hpp"
 

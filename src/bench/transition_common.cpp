@@ -4,49 +4,24 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
-#include <set>
 #include <thread>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "transition_bench.hpp"
 
 namespace nereus::bench {
 
 Prepared prepare(const TransitionConfig& c) {
-  if (c.train && c.sync) throw Error("--train and --sync exclude each other");
   if (c.transport != "local" && c.transport != "ucx")
     throw Error("--transport " + c.transport + " is not one of: local, ucx");
   if (c.procs < 1) throw Error("--procs must be at least 1");
   if (c.procs > 1 && c.transport == "local")
     throw Error("--transport local moves bytes inside one process; use --transport ucx with --procs " + std::to_string(c.procs));
   if (c.repeat < 1) throw Error("--repeat must be at least 1");
-  auto model = load_model(c.model);
-  auto spec = [](const char* flag, const std::string& s) {
-    try {
-      return parse_collection_spec(s);
-    } catch (const Error& e) {
-      throw Error(std::string(flag) + " " + s + ": " + e.what());
-    }
-  };
-  Collection src = Collection::from_spec(model, "source", spec("--from", c.from), c.train || c.sync);
-  Collection dst = Collection::from_spec(model, "target", spec("--to", c.to), c.train);
-  ReshardOptions opt;
-  opt.links.gpus_per_node = c.gpus_per_node;
-  ReshardPlan plan = plan_reshard(src, dst, opt);
-  std::set<DeviceId> all;
-  for (DeviceId d : src.devices()) all.insert(d);
-  for (DeviceId d : dst.devices()) all.insert(d);
-  std::vector<DeviceId> devices(all.begin(), all.end());
-  if (c.procs > static_cast<int>(devices.size()))
-    throw Error("--procs " + std::to_string(c.procs) + " exceeds the " + std::to_string(devices.size()) + " devices");
-  return {model, {std::move(src)}, std::move(dst), std::move(plan), std::move(devices)};
-}
-
-std::vector<DeviceId> devices_of(const std::vector<DeviceId>& all, int rank, int procs) {
-  const std::size_t n = all.size();
-  const std::size_t lo = n * static_cast<std::size_t>(rank) / static_cast<std::size_t>(procs);
-  const std::size_t hi = n * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(procs);
-  return {all.begin() + static_cast<std::ptrdiff_t>(lo), all.begin() + static_cast<std::ptrdiff_t>(hi)};
+  Prepared p = prepare_reshard(c);
+  if (c.procs > static_cast<int>(p.devices.size()))
+    throw Error("--procs " + std::to_string(c.procs) + " exceeds the " + std::to_string(p.devices.size()) + " devices");
+  return p;
 }
 
 double memcpy_gbps(unsigned threads) {
@@ -64,11 +39,6 @@ double memcpy_gbps(unsigned threads) {
   }
   std::sort(runs.begin(), runs.end());
   return static_cast<double>(per * threads) / runs[runs.size() / 2] / 1e9;
-}
-
-std::pair<double, double> median_min(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front()};
 }
 
 int report(const TransitionConfig& c, const Prepared& p, nlohmann::json r) {

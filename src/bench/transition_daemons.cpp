@@ -1,6 +1,6 @@
 // `nereus bench transition --daemons HOST:PORT`: the coordinator runs the transition across
 // the running daemons and answers with the same report as the local bench.
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "transition_bench.hpp"
 #ifdef NEREUS_HAVE_CLUSTER
 #include "nereus/cluster/auth.hpp"

@@ -2,7 +2,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "nereus/core/error.hpp"
+#include "nereus/core/bytes.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/local.hpp"

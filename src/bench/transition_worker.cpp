@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include "control.hpp"
-#include "nereus/core/error.hpp"
-#include "participant.hpp"
+#include "nereus/base/error.hpp"
+#include "transition_bench.hpp"
 
 namespace nereus::bench {
 

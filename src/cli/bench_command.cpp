@@ -4,7 +4,7 @@
 #include "../bench/job_bench.hpp"
 #include "../bench/transition_bench.hpp"
 #include "commands.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus::cli {
 

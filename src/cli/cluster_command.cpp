@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #ifdef NEREUS_HAVE_CLUSTER
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/client.hpp"

@@ -4,7 +4,7 @@
 #include <exception>
 
 #include "commands.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv, argv + argc);

@@ -6,8 +6,8 @@
 
 #include "commands.hpp"
 #include "nereus/core/cluster.hpp"
-#include "nereus/core/error.hpp"
-#include "nereus/plan/planner.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/control/planner.hpp"
 #include "output.hpp"
 
 namespace nereus::cli {

@@ -8,7 +8,7 @@
 
 #include "commands.hpp"
 #include "nereus/core/cluster.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/sim/simulator.hpp"
 
 namespace nereus::cli {

@@ -7,8 +7,8 @@
 #include <iostream>
 
 #include "nereus/core/cluster.hpp"
-#include "nereus/core/error.hpp"
-#include "nereus/runtime/device.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/base/device.hpp"
 #include "output.hpp"
 
 namespace nereus::cli {

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus::cluster {
 

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "nereus/cluster/auth.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus::cluster {
 

@@ -2,7 +2,7 @@
 #include "nereus/cluster/client.hpp"
 
 #include "nereus/cluster/auth.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus::cluster {
 

@@ -17,9 +17,9 @@
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/cluster/transition_service.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/runtime/async_scope.hpp"
-#include "nereus/runtime/device.hpp"
+#include "nereus/base/device.hpp"
 
 namespace nereus::cluster {
 
@@ -52,7 +52,7 @@ struct Daemon::State {
   AsyncScope scope{io.get_executor()};
   std::optional<Membership> members;  // coordinator only
   std::uint64_t self_session = 0;
-  std::vector<std::unique_ptr<HostDevice>> devices;
+  std::vector<std::unique_ptr<Device>> devices;
   Metrics metrics;
   // Connections still in the handshake, oldest first: at max_pending the oldest is cut
   // off, so a flood of silent connections cannot lock out a client that authenticates.
@@ -68,8 +68,8 @@ struct Daemon::State {
     metrics.coordinator = o.launch.coordinator;
     const auto per_node = static_cast<DeviceId>(o.devices);
     for (int i = 0; i < o.devices; ++i)
-      devices.push_back(std::make_unique<HostDevice>(static_cast<DeviceId>(o.launch.node_rank) * per_node + static_cast<DeviceId>(i),
-                                                     o.device_capacity));
+      devices.push_back(make_device({MemoryKind::host, static_cast<DeviceId>(o.launch.node_rank) * per_node + static_cast<DeviceId>(i),
+                                     o.device_capacity}));
     if (o.launch.coordinator) members.emplace(o.launch.nodes, o.dead_after);
   }
 

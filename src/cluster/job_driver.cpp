@@ -13,8 +13,8 @@
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/core/bytes.hpp"
-#include "nereus/core/error.hpp"
-#include "nereus/plan/controller.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/control/controller.hpp"
 
 namespace nereus::cluster {
 

@@ -16,6 +16,7 @@
 #include "nereus/core/global_plan.hpp"
 #include "nereus/plan/transition_graph.hpp"
 #include "nereus/runtime/async_scope.hpp"
+#include "nereus/runtime/graph_run.hpp"
 #include "nereus/runtime/notifier.hpp"
 
 namespace nereus::cluster::detail {

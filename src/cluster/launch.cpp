@@ -2,7 +2,7 @@
 
 #include <charconv>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus::cluster {
 

@@ -1,6 +1,6 @@
 #include "nereus/cluster/membership.hpp"
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus::cluster {
 

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "control.capnp.h"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus::cluster {
 

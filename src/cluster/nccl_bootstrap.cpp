@@ -1,6 +1,6 @@
 #include "nccl_bootstrap.hpp"
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #ifdef NEREUS_HAVE_NCCL
 #include <nccl.h>
 

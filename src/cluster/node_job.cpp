@@ -4,7 +4,7 @@
 #include <map>
 
 #include "nereus/cluster/job_service.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/global_plan.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/executor.hpp"
@@ -32,7 +32,7 @@ struct LocalUnit {
 struct NodeJob::State {
   asio::io_context& io;
   int rank;
-  std::vector<std::unique_ptr<HostDevice>>& devices;
+  std::vector<std::unique_ptr<Device>>& devices;
   Metrics& metrics;
   std::unique_ptr<JobSpec> job;
   int per = 1;
@@ -49,12 +49,12 @@ struct NodeJob::State {
   std::shared_ptr<Channel*> reply_to;  // where builds report; cleared when the session ends
   detail::Offload offload;
 
-  State(asio::io_context& i, int r, std::vector<std::unique_ptr<HostDevice>>& d, Metrics& m)
+  State(asio::io_context& i, int r, std::vector<std::unique_ptr<Device>>& d, Metrics& m)
       : io(i), rank(r), devices(d), metrics(m) {}
 
   std::string me() const { return "node " + std::to_string(rank); }
 
-  HostDevice* device(DeviceId d) {
+  Device* device(DeviceId d) {
     for (auto& dev : devices)
       if (dev->id() == d) return dev.get();
     return nullptr;
@@ -116,7 +116,7 @@ struct NodeJob::State {
     if (mine.empty()) throw Error("unit " + std::to_string(u.id) + " (" + u.spec + ") has no GPU on " + me());
     unit.buffers = collection_buffers(unit.one, 0, mine);
     for (const BufferSpec& b : unit.buffers) {
-      HostDevice* dev = device(b.key.device);
+      Device* dev = device(b.key.device);
       if (!dev) throw Error("device " + std::to_string(b.key.device) + " is not one of " + me() + "'s devices");
       unit.memory.push_back(dev->allocate(b.bytes(), u.model_stage + " unit " + std::to_string(u.id)));
     }
@@ -237,7 +237,7 @@ struct NodeJob::State {
   }
 };
 
-NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<HostDevice>>& devices, Metrics& metrics)
+NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics)
     : s_(std::make_unique<State>(io, node_rank, devices, metrics)) {}
 
 NodeJob::~NodeJob() {

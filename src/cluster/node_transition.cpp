@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../bench/participant.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/runtime/participant.hpp"
+#include "nereus/base/error.hpp"
 #include "offload.hpp"
 #include "transition_config.hpp"
 
@@ -24,9 +24,9 @@ struct NodeTransition::State {
   Metrics& metrics;
   // On the heap so that a participant whose run would not stop can be left running with
   // what it references (see close()).
-  std::unique_ptr<bench::TransitionConfig> config;
-  std::unique_ptr<bench::Prepared> prepared;
-  std::unique_ptr<bench::Participant> part;
+  std::unique_ptr<ReshardSpec> config;
+  std::unique_ptr<PreparedReshard> prepared;
+  std::unique_ptr<Participant> part;
   std::shared_ptr<Channel*> reply_to;  // where runs report; cleared when the session ends
   int kill_node = -1;
   asio::steady_timer doom{io};
@@ -43,15 +43,15 @@ struct NodeTransition::State {
   void prepare(const Prepare& m) {
     if (part) throw Error("node " + std::to_string(rank) + " is already in a transition");
     if (m.devices_per_node < 1) throw Error("devices per node must be positive");
-    config = std::make_unique<bench::TransitionConfig>(config_of(m.spec));
+    config = std::make_unique<ReshardSpec>(config_of(m.spec));
     if (config->capacity.empty()) config->capacity = std::to_string(capacity);
     kill_node = m.spec.kill_node;
-    prepared = std::make_unique<bench::Prepared>(bench::prepare(*config));
+    prepared = std::make_unique<PreparedReshard>(prepare_reshard(*config));
     const int per = m.devices_per_node;
     std::vector<DeviceId> mine;
     for (DeviceId d : prepared->devices)
       if (static_cast<int>(d) / per == rank) mine.push_back(d);
-    part = std::make_unique<bench::Participant>(io, *config, *prepared, mine, static_cast<PeerId>(rank),
+    part = std::make_unique<Participant>(io, *config, *prepared, mine, static_cast<PeerId>(rank),
                                                 [per](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per); });
   }
 
@@ -70,7 +70,7 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
   try {
     if (auto* p = std::get_if<Prepare>(&m.body)) {
       s.prepare(*p);
-      bench::Participant* part = s.part.get();
+      Participant* part = s.part.get();
       auto fill = [part] { part->fill(); return 0; };
       co_await s.offload(fill);  // gigabytes: off the event loop
       reply = Ready{part->publish()};
@@ -91,7 +91,7 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
       // The run may outlive this channel (a transfer that would not stop is left behind by
       // close()): it replies through a handle that close() clears, never the channel itself.
       s.reply_to = std::make_shared<Channel*>(&ch);
-      s.part->run([reply_to = s.reply_to, id, &metrics = s.metrics](bench::RunResult r) -> asio::awaitable<void> {
+      s.part->run([reply_to = s.reply_to, id, &metrics = s.metrics](RunResult r) -> asio::awaitable<void> {
         Body body = Failed{r.error};
         if (r.ok) {
           RunDone d{r.report.seconds, r.report.link_bytes, r.report.local_bytes, r.report.timings.size(), r.report.commits.size(), {}};
@@ -114,7 +114,7 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
       reply = Aborted{!stopped};
     } else if (auto* v = std::get_if<Verify>(&m.body)) {
       co_await s.part->settle();
-      bench::Participant* part = s.part.get();
+      Participant* part = s.part.get();
       auto check_sources = [part] { return part->verify_sources(); };
       auto check_targets = [part] { return part->verify_targets(); };
       const FillCheck src = co_await s.offload(check_sources);
@@ -128,7 +128,7 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
       reply = out;
     } else if (auto* d = std::get_if<Dump>(&m.body)) {
       Dumped out;
-      bench::Participant* part = s.part.get();
+      Participant* part = s.part.get();
       const std::string dir = d->dir;
       auto write = [part, dir] { return part->dump(dir); };
       const json files = co_await s.offload(write);

@@ -4,7 +4,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <type_traits>
 
-#include "nereus/runtime/asio.hpp"
+#include "nereus/base/asio.hpp"
 
 namespace nereus::cluster::detail {
 

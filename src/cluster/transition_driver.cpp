@@ -9,9 +9,9 @@
 #include <optional>
 #include <set>
 
-#include "../bench/transition_bench.hpp"
 #include "nereus/cluster/auth.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/base/stats.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/inbox.hpp"
 #include "transition_config.hpp"
@@ -120,7 +120,7 @@ class Driver {
     co_return got;
   }
 
-  asio::awaitable<json> run(const bench::Prepared& p) {
+  asio::awaitable<json> run(const PreparedReshard& p) {
     json out;
     const auto deadline = [&] { return clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(spec_.timeout_seconds)); };
     const auto ready = co_await gather<Ready>("ready", deadline());
@@ -163,7 +163,7 @@ class Driver {
       out["verified_sources"] = ok;
       out["surviving_workers"] = v.size();
     } else {
-      const auto [median, min] = bench::median_min(secs);
+      const auto [median, min] = median_min(secs);
       out["seconds_median"] = median;
       out["seconds_min"] = min;
       out["gbps"] = static_cast<double>(p.plan.summary().moved_bytes) / median / 1e9;
@@ -239,8 +239,9 @@ class Driver {
 
 asio::awaitable<TransitionOutcome> drive_transition(const TransitionSpec& spec, const std::vector<NodeAddress>& nodes,
                                                    int devices_per_node, const std::string& token) {
-  const bench::TransitionConfig c = config_of(spec);
-  const bench::Prepared p = bench::prepare(c);
+  if (spec.repeat < 1) throw Error("repeat must be at least 1");
+  const ReshardSpec c = config_of(spec);
+  const PreparedReshard p = prepare_reshard(c);
   std::set<int> involved;
   for (DeviceId d : p.devices) involved.insert(static_cast<int>(d) / devices_per_node);
   std::vector<NodeAddress> use;

@@ -1,6 +1,6 @@
 #include "nereus/core/box.hpp"
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 

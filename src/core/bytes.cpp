@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 

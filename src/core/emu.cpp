@@ -2,7 +2,7 @@
 
 #include <unordered_set>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "json_fields.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/presets.hpp"
 
 namespace nereus {

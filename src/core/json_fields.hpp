@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus::detail {
 

@@ -1,7 +1,7 @@
 #include "nereus/core/model.hpp"
 
 #include "json_fields.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/presets.hpp"
 
 namespace nereus {

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "presets_table.hpp"
 
 namespace nereus {

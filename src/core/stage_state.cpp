@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/fill.hpp"
 
 namespace nereus {

@@ -7,7 +7,7 @@
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/daemon.hpp"
 #include "nereus/core/bytes.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 using namespace nereus;
 using namespace nereus::cluster;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <set>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <unordered_set>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/packing.hpp"
 #include "nereus/core/sharding.hpp"
 #include "piece.hpp"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/sharding.hpp"
 
 namespace nereus {

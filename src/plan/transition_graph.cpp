@@ -13,7 +13,7 @@
 #include <cstdio>
 
 #include "nereus/core/bytes.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/stage_state.hpp"
 #include "transition_compiler.hpp"
 

@@ -15,7 +15,7 @@
 #include <tuple>
 
 #include "nereus/core/bytes.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/fill.hpp"
 #include "transition_compiler.hpp"
 

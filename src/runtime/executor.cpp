@@ -4,7 +4,7 @@
 #include <map>
 #include <unordered_map>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 

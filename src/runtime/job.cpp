@@ -6,7 +6,8 @@
 #include <set>
 
 #include "job_state.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/core/bytes.hpp"
 #include "nereus/core/packing.hpp"
 
 namespace nereus {
@@ -25,7 +26,7 @@ std::size_t JobState::index(std::string_view model_stage) const {
 DeviceBuffer JobState::allocate(DeviceId d, std::size_t bytes, const std::string& what) {
   if (d < 0 || static_cast<std::size_t>(d) >= devices.size())
     throw Error("device " + std::to_string(d) + " is not one of the job's " + std::to_string(devices.size()) + " devices");
-  HostDevice& dev = *devices[static_cast<std::size_t>(d)];
+  Device& dev = *devices[static_cast<std::size_t>(d)];
   const std::size_t rounded = (bytes + 255) / 256 * 256;
   if (dev.used() + rounded > budget) {
     ++cap_violations;
@@ -119,7 +120,7 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
   if (!(s.options.headroom >= 0 && s.options.headroom < 1)) throw Error("job: headroom must be in [0, 1)");
   s.budget = static_cast<std::uint64_t>(static_cast<double>(s.options.capacity) * (1.0 - s.options.headroom));
   s.stages = model_stages(s.spec);
-  for (int d = 0; d < s.options.devices; ++d) s.devices.push_back(std::make_unique<HostDevice>(d, s.options.capacity));
+  for (int d = 0; d < s.options.devices; ++d) s.devices.push_back(make_device({MemoryKind::host, d, s.options.capacity}));
   s.busy.assign(s.devices.size(), 0);
   if (s.options.transport) {
     s.transport = s.options.transport;
@@ -194,7 +195,7 @@ asio::awaitable<void> Job::run_stage(std::string model_stage, StageWork work) {
   for (;;) {
     const auto& tr = s->transition;
     // After a plan change takes effect, a stage runs on exactly its new units.
-    const bool awaiting = tr && !tr->finished && tr->effective_step <= s->step && !tr->applied[i];
+    const bool awaiting = tr && !tr->finished && tr->effective_step <= s->step && !tr->applied(i);
     bool free = !awaiting;
     if (free) {
       units = slot.units;

@@ -2,10 +2,12 @@
 // Internal state of a Job and of a transition in flight (job.cpp, job_transition.cpp).
 #include <chrono>
 #include <memory>
+#include <map>
 #include <optional>
 #include <vector>
 
-#include "nereus/runtime/device.hpp"
+#include "nereus/base/device.hpp"
+#include "nereus/runtime/graph_run.hpp"
 #include "nereus/runtime/job.hpp"
 #include "nereus/runtime/notifier.hpp"
 #include "nereus/transport/local.hpp"
@@ -44,7 +46,7 @@ class JobState : public std::enable_shared_from_this<JobState> {
   JobSpec spec;
   JobOptions options;
   std::vector<ModelStage> stages;
-  std::vector<std::unique_ptr<HostDevice>> devices;
+  std::vector<std::unique_ptr<Device>> devices;
   std::uint64_t budget = 0;
   std::uint64_t cap_violations = 0;
   std::unique_ptr<LocalTransport> own_transport;
@@ -73,48 +75,53 @@ class JobState : public std::enable_shared_from_this<JobState> {
                                               std::vector<Executor*>* active = nullptr);
 };
 
-/// A transition in flight.
-class TransitionRun : public std::enable_shared_from_this<TransitionRun> {
+/// A transition in flight: the graph interpreter over the job's units in this process.
+/// Units get ids for the interpreter; the framework's running steps gate when a node may
+/// start, and an old unit the running step still needs is freed by its stage later.
+class TransitionRun final : public UnitSpace, public std::enable_shared_from_this<TransitionRun> {
  public:
   TransitionRun(std::shared_ptr<JobState> job, TransitionGraph graph, std::int64_t effective_step);
 
   std::shared_ptr<JobState> job;
   TransitionGraph graph;
   std::int64_t effective_step;
-  std::vector<std::vector<UnitPtr>> olds, news;  ///< per stage: old units (graph.from order), new units (graph.to order)
-  std::vector<std::vector<char>> destroyed;      ///< per stage and old unit
-  std::vector<int> builds_left;                  ///< per stage
-  int builds_pending = 0;                        ///< over all stages
-  std::vector<char> applied;                     ///< per stage: new units in effect
-  std::vector<char> node_done;
-  std::vector<Executor*> active;
-  std::vector<NodeRun> runs;
-  bool stopping = false;
-  bool cancelled = false;
   bool finished = false;
-  std::string error;
   TransitionReport report;
   Notifier done;
-  std::chrono::steady_clock::time_point t0;
 
-  /// Runs every node; on failure or cancellation rolls back; fills the report.
+  /// Runs the graph and fills the report.
   asio::awaitable<void> run();
-  void stop(std::string why, bool by_cancel);
+  void stop(std::string why, bool by_cancel) { run_.stop(std::move(why), by_cancel); }
   /// Puts switched stages on their new units once the effective step has come.
   void take_effect();
+  /// Whether a stage's new units are in effect.
+  bool applied(std::size_t stage) const { return applied_[stage] != 0; }
+
+  // UnitSpace
+  Notifier& changed() override { return job->changed; }
+  const std::vector<ModelStage>& stages() const override { return job->stages; }
+  std::int64_t batch() const override { return job->spec.prompts_per_step * job->spec.samples_per_prompt; }
+  bool may_start(const GraphRun& run, std::uint32_t x) const override;
+  bool hand_over(const GraphRun& run, std::uint32_t x) override;
+  asio::awaitable<UnitId> allocate(const GraphRun& run, std::uint32_t x) override;
+  asio::awaitable<std::uint64_t> fill(const GraphRun& run, std::uint32_t x, UnitId id, const SourceGroups& sources) override;
+  asio::awaitable<void> free(UnitId id) override;
+  bool live(UnitId id) const override { return !unit(id)->freed; }
+  void stage_built(std::size_t stage, const std::vector<UnitId>& units) override;
+  asio::awaitable<void> stopping() override;
+  void node_finished() override { job->free_retired(); }
+  asio::awaitable<void> settle(std::size_t stage, const StageEnd& end) override;
 
  private:
-  asio::awaitable<void> run_node(std::uint32_t x);
-  bool ready(std::uint32_t x) const;
-  bool after_done(std::uint32_t x) const;
-  /// Once every new unit is committed, an old unit whose stage still needs it this step
-  /// is handed to the stage to free when the step no longer needs it.
-  bool hand_over(std::uint32_t x);
-  asio::awaitable<void> build(std::uint32_t x);
-  void destroy(std::uint32_t x);
-  void switch_stage(std::size_t stage);
-  void roll_back();
-  double since() const;
+  UnitId add(UnitPtr u);
+  const UnitPtr& unit(UnitId id) const { return units_.at(id); }
+  std::vector<UnitPtr> units_of(const std::vector<UnitId>& ids) const;
+
+  std::map<UnitId, UnitPtr> units_;
+  UnitId next_id_ = 1;
+  std::vector<char> applied_;  ///< per stage: new units in effect
+  std::vector<Executor*> active_;
+  GraphRun run_;
 };
 
 }  // namespace nereus

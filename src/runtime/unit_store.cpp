@@ -9,7 +9,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/fill.hpp"
 #include "nereus/core/packing.hpp"
 #include "nereus/core/sharding.hpp"
@@ -141,7 +141,7 @@ void UnitStore::allocate_and_fill(unsigned threads) {
   for (const auto& b : targets_)
     if (!alias.count(b.key)) need[b.key.device] += (b.bytes() + 255) / 256 * 256;
   for (DeviceId d : mine_)
-    devices_[d] = std::make_unique<HostDevice>(d, capacity_ ? capacity_ : need[d] + (1 << 20));
+    devices_[d] = make_device({MemoryKind::host, d, capacity_ ? capacity_ : need[d] + (1 << 20)});
   for (const auto* list : {&sources_, &targets_})
     for (const auto& b : *list) {
       if (alias.count(b.key)) continue;

@@ -34,7 +34,7 @@ double HardwareModel::efficiency(OpClass c, const ModelStage& stage, const Candi
 }
 
 double HardwareModel::expected_seconds(const ModelStage& stage, const Candidate& c, const Workload& w) const {
-  const StageWork work = work_.work(stage, c, w);
+  const StageOps work = work_.work(stage, c, w);
   double t = 0;
   for (std::size_t k = 0; k < kOpClasses; ++k)
     if (work.ideal[k] > 0) t += work.ideal[k] / efficiency(static_cast<OpClass>(k), stage, c, w);

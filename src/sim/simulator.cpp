@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/plan/overlap.hpp"
 #include "nereus/sim/hardware.hpp"
 

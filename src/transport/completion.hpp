@@ -5,8 +5,8 @@
 // any_completion_handler re-wraps itself when moved, so we erase by hand.)
 #include <memory>
 
-#include "nereus/runtime/asio.hpp"
-#include "nereus/runtime/status.hpp"
+#include "nereus/base/asio.hpp"
+#include "nereus/base/status.hpp"
 
 namespace nereus::detail {
 

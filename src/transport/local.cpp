@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "completion.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 

@@ -12,7 +12,7 @@
 #include <set>
 
 #include "completion.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 

@@ -1,5 +1,5 @@
 // Built when meson found no UCX: the ucx backend reports that it is absent.
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/transport/ucx.hpp"
 
 namespace nereus {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "nereus/cluster/messages.hpp"
-#include "nereus/runtime/asio.hpp"
+#include "nereus/base/asio.hpp"
 
 namespace nereus::cluster {
 

@@ -18,7 +18,7 @@
 #include "nereus/cluster/messages.hpp"
 #include "nereus/cluster/metrics.hpp"
 #include "nereus/cluster/transition_service.hpp"
-#include "nereus/runtime/device.hpp"
+#include "nereus/base/device.hpp"
 
 namespace nereus::cluster {
 
@@ -35,7 +35,7 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& request, const st
 class NodeJob {
  public:
   /// Units live in `devices` (the daemon's arenas); builds are counted in `metrics`.
-  NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<HostDevice>>& devices, Metrics& metrics);
+  NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics);
   ~NodeJob();
   /// Whether a job is open on this channel (its messages go here).
   bool open() const;

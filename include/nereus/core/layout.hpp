@@ -5,13 +5,11 @@
 #include <string_view>
 #include <vector>
 
+#include "nereus/base/device_id.hpp"
 #include "nereus/core/box.hpp"
 #include "nereus/core/model.hpp"
 
 namespace nereus {
-
-/// Global GPU (device) id.
-using DeviceId = std::int32_t;
 
 /// How a unit stores its shards locally (sharding.md, "Local packing").
 enum class Packing : std::uint8_t { hf, fused };

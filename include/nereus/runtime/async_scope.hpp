@@ -7,7 +7,7 @@
 #include <utility>
 #include <list>
 
-#include "nereus/runtime/asio.hpp"
+#include "nereus/base/asio.hpp"
 
 namespace nereus {
 

@@ -23,8 +23,9 @@
 #include "nereus/core/global_plan.hpp"
 #include "nereus/core/stage_state.hpp"
 #include "nereus/plan/transition_graph.hpp"
-#include "nereus/runtime/asio.hpp"
+#include "nereus/base/asio.hpp"
 #include "nereus/runtime/executor.hpp"
+#include "nereus/runtime/graph_run.hpp"
 #include "nereus/runtime/unit_store.hpp"
 
 namespace nereus {
@@ -72,35 +73,6 @@ class UnitContext {
 
 /// The framework's work for one unit of a model-stage.
 using StageWork = std::function<asio::awaitable<void>(UnitContext&)>;
-
-/// Where a model-stage ended up after a transition.
-struct StageOutcome {
-  std::string model_stage;
-  bool on_new_plan = false;
-  std::string spec;  ///< its collection now, as a layout spec
-};
-
-/// When one node of the graph ran (seconds from the transition's start).
-struct NodeRun {
-  std::uint32_t node;
-  NodeKind kind;
-  double start = 0;
-  double end = 0;
-  std::uint64_t bytes = 0;  ///< bytes copied (over links and locally)
-};
-
-struct TransitionReport {
-  bool completed = false;
-  bool cancelled = false;
-  std::string error;  ///< why it stopped, when it did
-  std::vector<StageOutcome> stages;
-  std::uint64_t moved_bytes = 0;  ///< planned over links
-  std::uint64_t copied_bytes = 0; ///< actually copied (links and local)
-  double seconds = 0;             ///< begin → last node
-  double planned_seconds = 0;     ///< the graph's L_tran
-  double plan_ms = 0;
-  std::vector<NodeRun> nodes;
-};
 
 /// Device memory as the job's accounting sees it.
 struct DeviceUse {

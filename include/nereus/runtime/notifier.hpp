@@ -1,7 +1,7 @@
 #pragma once
 // A condition variable for coroutines on one executor: wait() suspends until the next
 // notify(); waiters re-check their condition after waking.
-#include "nereus/runtime/asio.hpp"
+#include "nereus/base/asio.hpp"
 
 namespace nereus {
 
@@ -13,6 +13,7 @@ class Notifier {
   asio::awaitable<void> wait();
   /// Wakes every waiter.
   void notify() { timer_.cancel(); }
+  asio::any_io_executor executor() { return timer_.get_executor(); }
 
  private:
   asio::steady_timer timer_;

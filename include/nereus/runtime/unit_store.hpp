@@ -12,7 +12,7 @@
 
 #include "nereus/plan/reshard.hpp"
 #include "nereus/runtime/buffers.hpp"
-#include "nereus/runtime/device.hpp"
+#include "nereus/base/device.hpp"
 
 namespace nereus {
 
@@ -58,7 +58,7 @@ class UnitStore {
   /// small) and fills the sources. Kept target buffers are bound to their source memory.
   void allocate_and_fill(unsigned threads);
   BufferTable& table() { return table_; }
-  std::map<DeviceId, std::unique_ptr<HostDevice>>& devices() { return devices_; }
+  std::map<DeviceId, std::unique_ptr<Device>>& devices() { return devices_; }
   const std::vector<BufferSpec>& source_buffers() const { return sources_; }
   const std::vector<BufferSpec>& target_buffers() const { return targets_; }
 
@@ -78,7 +78,7 @@ class UnitStore {
   std::vector<DeviceId> mine_;
   std::size_t capacity_;
   PeerId self_;
-  std::map<DeviceId, std::unique_ptr<HostDevice>> devices_;
+  std::map<DeviceId, std::unique_ptr<Device>> devices_;
   std::vector<BufferSpec> sources_, targets_;
   std::vector<DeviceBuffer> memory_;
   BufferTable table_;

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <random>
 
-#include "nereus/plan/cost_model.hpp"
+#include "nereus/control/cost_model.hpp"
 
 namespace nereus {
 

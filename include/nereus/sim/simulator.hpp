@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "nereus/plan/controller.hpp"
+#include "nereus/control/controller.hpp"
 #include "nereus/sim/trace.hpp"
 
 namespace nereus {

@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include "nereus/runtime/asio.hpp"
-#include "nereus/runtime/device.hpp"
-#include "nereus/runtime/status.hpp"
+#include "nereus/base/asio.hpp"
+#include "nereus/base/device.hpp"
+#include "nereus/base/status.hpp"
 
 namespace nereus {
 

@@ -1,4 +1,4 @@
-#include "nereus/plan/calibration.hpp"
+#include "nereus/control/calibration.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -38,7 +38,7 @@ std::string_view to_string(OpClass c);
 
 /// Seconds a candidate would take at the peak rate of each class (FLOPs at bf16 peak,
 /// bytes at HBM or link bandwidth, plus fixed per-collective latency).
-struct StageWork {
+struct StageOps {
   std::array<double, kOpClasses> ideal{};
   double seconds(const std::array<double, kOpClasses>& efficiency) const;
 };
@@ -78,7 +78,7 @@ class CostModel {
 
   /// Work of one replica of `stage` under `c` (all replicas are alike; the step waits for
   /// the slowest, which this is).
-  StageWork work(const ModelStage& stage, const Candidate& c, const Workload& w) const;
+  StageOps work(const ModelStage& stage, const Candidate& c, const Workload& w) const;
   double seconds(const ModelStage& stage, const Candidate& c, const Workload& w) const {
     return work(stage, c, w).seconds(eff_);
   }

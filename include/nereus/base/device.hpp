@@ -1,7 +1,9 @@
 #pragma once
-// Devices: where state lives. A device owns one memory arena with a capacity (the
-// stand-in for a GPU's memory on any machine) and tracks current and peak use. The CUDA
-// backend implements the same interface over device memory, streams and events.
+// Devices: where state lives. A device owns one memory arena with a capacity and tracks
+// current and peak use; queues and events order asynchronous work on it. Backends live
+// behind make_device(): today host memory (the stand-in for a GPU's memory on any
+// machine); a CUDA backend would implement the same interface over device memory,
+// streams and events, and nothing outside this layer names a backend's class.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -10,13 +12,14 @@
 #include <string>
 #include <string_view>
 
-#include "nereus/core/bytes.hpp"
-#include "nereus/core/layout.hpp"
+#include "nereus/base/device_id.hpp"
 
 namespace nereus {
 
 /// Kind of memory a device allocates (transports declare which they can move).
 enum class MemoryKind : std::uint8_t { host, cuda };
+
+std::string_view to_string(MemoryKind k);
 
 class Device;
 
@@ -96,14 +99,16 @@ class Device {
   std::size_t peak_ = 0;
 };
 
-/// A host-memory device: its arena is reserved address space, committed on first touch.
-class HostDevice final : public Device {
- public:
-  HostDevice(DeviceId id, std::size_t capacity);
-  ~HostDevice() override;
-  MemoryKind kind() const override { return MemoryKind::host; }
-  std::unique_ptr<DeviceQueue> make_queue() override;
+/// What make_device() creates.
+struct DeviceSpec {
+  MemoryKind kind = MemoryKind::host;
+  DeviceId id = 0;
+  std::size_t capacity = 0;  ///< bytes of the arena
 };
 
+/// Creates a device of `spec.kind`. Host devices reserve their arena as address space,
+/// committed on first touch. Throws Error naming the kind when its backend is not built
+/// into this library (no CUDA backend exists yet).
+std::unique_ptr<Device> make_device(const DeviceSpec& spec);
 
 }  // namespace nereus

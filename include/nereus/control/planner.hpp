@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "nereus/core/global_plan.hpp"
-#include "nereus/plan/cost_model.hpp"
+#include "nereus/control/cost_model.hpp"
 
 namespace nereus {
 

@@ -1,4 +1,4 @@
-#include "nereus/runtime/device.hpp"
+#include "nereus/base/device.hpp"
 
 #include <sys/mman.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <utility>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 
@@ -116,14 +116,30 @@ class HostQueue final : public DeviceQueue {
   void synchronize() override {}
 };
 
+/// A host-memory device: its arena is reserved address space, committed on first touch.
+class HostDevice final : public Device {
+ public:
+  HostDevice(DeviceId id, std::size_t capacity) : Device(id, reserve(id, capacity), capacity) {}
+  ~HostDevice() override {
+    if (arena()) ::munmap(arena(), capacity());
+  }
+  MemoryKind kind() const override { return MemoryKind::host; }
+  std::unique_ptr<DeviceQueue> make_queue() override { return std::make_unique<HostQueue>(); }
+};
+
 }  // namespace
 
-HostDevice::HostDevice(DeviceId id, std::size_t capacity) : Device(id, reserve(id, capacity), capacity) {}
+std::string_view to_string(MemoryKind k) { return k == MemoryKind::host ? "host" : "cuda"; }
 
-HostDevice::~HostDevice() {
-  if (arena()) ::munmap(arena(), capacity());
+std::unique_ptr<Device> make_device(const DeviceSpec& spec) {
+  switch (spec.kind) {
+    case MemoryKind::host:
+      return std::make_unique<HostDevice>(spec.id, spec.capacity);
+    case MemoryKind::cuda:
+      break;
+  }
+  throw Error("device " + std::to_string(spec.id) + ": no " + std::string(to_string(spec.kind)) +
+              " backend is built into this library");
 }
-
-std::unique_ptr<DeviceQueue> HostDevice::make_queue() { return std::make_unique<HostQueue>(); }
 
 }  // namespace nereus

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "nereus/plan/calibration.hpp"
-#include "nereus/plan/planner.hpp"
+#include "nereus/control/calibration.hpp"
+#include "nereus/control/planner.hpp"
 #include "nereus/plan/transition_graph.hpp"
 
 namespace nereus {

@@ -1,12 +1,14 @@
-#include "participant.hpp"
+#include "nereus/runtime/participant.hpp"
+
+#include <set>
 
 #include "nereus/core/bytes.hpp"
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
-namespace nereus::bench {
+namespace nereus {
 
 namespace {
-UcxOptions ucx_options(const TransitionConfig& c) {
+UcxOptions ucx_options(const ReshardSpec& c) {
   UcxOptions o;
   o.peer_error_handling = c.ucx_peer_errors;
   return o;
@@ -14,7 +16,7 @@ UcxOptions ucx_options(const TransitionConfig& c) {
 
 }  // namespace
 
-Participant::Participant(asio::io_context& io, const TransitionConfig& c, const Prepared& p, std::vector<DeviceId> mine,
+Participant::Participant(asio::io_context& io, const ReshardSpec& c, const PreparedReshard& p, std::vector<DeviceId> mine,
                          PeerId self, std::function<PeerId(DeviceId)> owner)
     : io_(io),
       c_(c),
@@ -99,4 +101,33 @@ asio::awaitable<bool> Participant::finish(std::chrono::milliseconds limit) {
   co_return true;
 }
 
-}  // namespace nereus::bench
+PreparedReshard prepare_reshard(const ReshardSpec& c) {
+  if (c.train && c.sync) throw Error("--train and --sync exclude each other");
+  auto model = load_model(c.model);
+  auto spec = [](const char* flag, const std::string& s) {
+    try {
+      return parse_collection_spec(s);
+    } catch (const Error& e) {
+      throw Error(std::string(flag) + " " + s + ": " + e.what());
+    }
+  };
+  Collection src = Collection::from_spec(model, "source", spec("--from", c.from), c.train || c.sync);
+  Collection dst = Collection::from_spec(model, "target", spec("--to", c.to), c.train);
+  ReshardOptions opt;
+  opt.links.gpus_per_node = c.gpus_per_node;
+  ReshardPlan plan = plan_reshard(src, dst, opt);
+  std::set<DeviceId> all;
+  for (DeviceId d : src.devices()) all.insert(d);
+  for (DeviceId d : dst.devices()) all.insert(d);
+  std::vector<DeviceId> devices(all.begin(), all.end());
+  return {model, {std::move(src)}, std::move(dst), std::move(plan), std::move(devices)};
+}
+
+std::vector<DeviceId> devices_of(const std::vector<DeviceId>& all, int rank, int procs) {
+  const std::size_t n = all.size();
+  const std::size_t lo = n * static_cast<std::size_t>(rank) / static_cast<std::size_t>(procs);
+  const std::size_t hi = n * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(procs);
+  return {all.begin() + static_cast<std::ptrdiff_t>(lo), all.begin() + static_cast<std::ptrdiff_t>(hi)};
+}
+
+}  // namespace nereus

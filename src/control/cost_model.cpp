@@ -10,12 +10,12 @@
 // the ideal time (the bubble). Collectives cost a latency plus a ring's bytes over the
 // link they cross: inside a node when the group fits in one, else the GPU's share of its
 // node's NICs, slowed by the observed link slowdown.
-#include "nereus/plan/cost_model.hpp"
+#include "nereus/control/cost_model.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 
@@ -41,7 +41,7 @@ Workload Workload::of(const JobSpec& job, double mean, double p95) {
   return w;
 }
 
-double StageWork::seconds(const std::array<double, kOpClasses>& efficiency) const {
+double StageOps::seconds(const std::array<double, kOpClasses>& efficiency) const {
   double t = 0;
   for (std::size_t c = 0; c < kOpClasses; ++c)
     if (ideal[c] > 0) t += ideal[c] / std::max(1e-3, efficiency[c]);
@@ -108,7 +108,7 @@ std::uint64_t CostModel::budget(double headroom) const {
   return cap > static_cast<double>(overhead_) ? static_cast<std::uint64_t>(cap) - overhead_ : 0;
 }
 
-StageWork CostModel::work(const ModelStage& stage, const Candidate& c, const Workload& w) const {
+StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Workload& w) const {
   const Shape m(stage.model->config());
   const ClusterSpec& k = cluster_;
   const double peak = k.gpu_bf16_tflops * 1e12, hbm = k.hbm_gbps * 1e9;
@@ -122,7 +122,7 @@ StageWork CostModel::work(const ModelStage& stage, const Candidate& c, const Wor
   const double P = w.prompt_len, R = w.response_len_mean, T = P + R;
   const double H = m.H, act = 2.0;  // bf16 activations
 
-  StageWork out;
+  StageOps out;
   auto add = [&](OpClass cls, double s) { out.ideal[static_cast<std::size_t>(cls)] += s; };
   auto tp_allreduce = [&](double count, double bytes) {
     if (c.tp > 1)

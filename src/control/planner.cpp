@@ -1,4 +1,4 @@
-#include "nereus/plan/planner.hpp"
+#include "nereus/control/planner.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/plan/overlap.hpp"
 
 namespace nereus {

@@ -8,13 +8,13 @@
 #include <cstddef>
 #include <vector>
 
-#include "nereus/plan/cost_model.hpp"
+#include "nereus/control/cost_model.hpp"
 
 namespace nereus {
 
 /// One measured stage time with the work the cost model attributes to it.
 struct Measurement {
-  StageWork work;
+  StageOps work;
   double seconds = 0;
 };
 

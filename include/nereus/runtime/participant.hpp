@@ -1,9 +1,9 @@
 #pragma once
-// One process's part of a transition run across processes: the units on its devices
-// (filled with the verification fill), the local and UCX transports and an executor.
-// Driven by a control channel — the bench's worker processes (CBOR over a Unix socket)
-// and nereusd (Cap'n Proto over TCP) — through the same steps: tell the peers what to
-// reach (PeerInfo), connect to theirs, run, verify, dump.
+// One process's part of a reshard run across processes: the units on its devices (filled
+// with the verification fill), the local and UCX transports and an executor. Driven by a
+// control channel — the bench's worker processes (CBOR over a Unix socket) and nereusd
+// (Cap'n Proto over TCP) — through the same steps: tell the peers what to reach
+// (PeerInfo), connect to theirs, run, verify, dump.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -11,15 +11,45 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "nereus/plan/reshard.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/peer_info.hpp"
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/ucx.hpp"
-#include "transition_bench.hpp"
 
-namespace nereus::bench {
+namespace nereus {
+
+/// One reshard of one model's collections, as every process of it is told.
+struct ReshardSpec {
+  std::string model, from, to;  ///< preset or config path; collection specs (interfaces.md)
+  bool train = false;           ///< both sides carry optimizer state
+  bool sync = false;            ///< a training source into an inference target (params only)
+  std::string capacity;         ///< per device, e.g. "2GiB"; empty: what it holds
+  unsigned copy_threads = 2;
+  unsigned per_link = 2;
+  std::size_t chunk_bytes = 64 << 20;
+  int gpus_per_node = 8;
+  /// UCX peer-failure handling: detects dead peers inside UCX but rules out its shared
+  /// memory transports (sysv/posix/cma lack it), so off by default on one host, where
+  /// the control channel detects a dead peer.
+  bool ucx_peer_errors = false;
+};
+
+/// The reshard to run, planned the same way in every process.
+struct PreparedReshard {
+  std::shared_ptr<const ModelSpec> model;
+  std::vector<Collection> sources;
+  Collection target;
+  ReshardPlan plan;
+  std::vector<DeviceId> devices;  ///< every device of sources and target, sorted
+};
+
+/// Loads the model and plans the reshard; throws Error naming a bad flag or layout.
+PreparedReshard prepare_reshard(const ReshardSpec& s);
+/// Devices of process `rank` of `procs`: an even, contiguous split.
+std::vector<DeviceId> devices_of(const std::vector<DeviceId>& all, int rank, int procs);
 
 struct RunResult {
   bool ok = false;
@@ -30,7 +60,7 @@ struct RunResult {
 class Participant {
  public:
   /// `mine`: the devices this process owns; `owner`: which process owns any device.
-  Participant(asio::io_context& io, const TransitionConfig& c, const Prepared& p, std::vector<DeviceId> mine, PeerId self,
+  Participant(asio::io_context& io, const ReshardSpec& c, const PreparedReshard& p, std::vector<DeviceId> mine, PeerId self,
               std::function<PeerId(DeviceId)> owner);
   ~Participant();
 
@@ -62,8 +92,8 @@ class Participant {
 
  private:
   asio::io_context& io_;
-  const TransitionConfig& c_;
-  const Prepared& p_;
+  const ReshardSpec& c_;
+  const PreparedReshard& p_;
   std::vector<DeviceId> mine_;
   PeerId self_;
   std::function<PeerId(DeviceId)> owner_;
@@ -77,4 +107,4 @@ class Participant {
   bool stuck_ = false;
 };
 
-}  // namespace nereus::bench
+}  // namespace nereus

@@ -1,11 +1,11 @@
-#include "nereus/plan/controller.hpp"
+#include "nereus/control/controller.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
 
-#include "nereus/core/error.hpp"
+#include "nereus/base/error.hpp"
 
 namespace nereus {
 
