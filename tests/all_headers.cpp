@@ -16,6 +16,7 @@
 #include "nereus/cluster/membership.hpp"
 #include "nereus/cluster/messages.hpp"
 #include "nereus/cluster/metrics.hpp"
+#include "nereus/cluster/node_part.hpp"
 #include "nereus/cluster/transition_service.hpp"
 #include "nereus/control/calibration.hpp"
 #include "nereus/control/controller.hpp"

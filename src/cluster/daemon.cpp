@@ -227,8 +227,8 @@ struct Daemon::State {
     } catch (...) {
       ended = std::current_exception();
     }
-    co_await job.close();   // the coordinator went away mid-job: release our part
-    co_await part.close();  // ... or mid-transition
+    co_await job.abandon();   // the coordinator went away mid-job: release our part
+    co_await part.abandon();  // ... or mid-transition
     std::rethrow_exception(ended);
   }
 

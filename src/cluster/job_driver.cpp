@@ -137,7 +137,10 @@ asio::awaitable<Envelope> JobDriver::call(int rank, const Body& body, const char
   } catch (const std::exception& x) {
     send_error = x.what();
   }
-  if (send_error.empty() && !p.reply && s.alive) {
+  // Every wake-up (a reply, a lost node, giving up) cancels the timer and sets what is
+  // checked here first: a request sent after give_up() must not wait out its whole limit
+  // (a build pulling from a dead node never answers).
+  if (send_error.empty() && !p.reply && s.alive && !giving_up_) {
     try {
       co_await p.timer.async_wait(asio::use_awaitable);
     } catch (const boost::system::system_error&) {  // cancelled: a reply, a lost node, or giving up

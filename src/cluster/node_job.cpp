@@ -80,13 +80,9 @@ struct NodeJob::State {
     freeze_node = m.freeze_node;
     detail::check_nccl_id(m.nccl_id);
     nccl_id = m.nccl_id;  // for an NCCL communicator over the job's nodes (no NCCL transport yet)
-    UcxOptions uo;
-    // Without UCX's peer error handling: with it, UCX runs gets over TCP, and a process
-    // serving a get to a peer that dies aborts (ucp_get_req_handler: "Endpoint timeout").
-    // Without it, gets go over shared memory / CMA, which the serving side never sees, and
-    // a failed endpoint reaches our error handler (UcxTransport::connect).
-    uo.peer_error_handling = false;
-    ucx = std::make_unique<UcxTransport>(io, uo);
+    // Without UCX's peer error handling (the default; see UcxOptions): gets go over shared
+    // memory / CMA, and a failed endpoint reaches our error handler.
+    ucx = std::make_unique<UcxTransport>(io);
     PeerInfo info;
     info.rank = static_cast<PeerId>(rank);
     info.address = ucx->address();
@@ -251,13 +247,15 @@ NodeJob::~NodeJob() {
 
 bool NodeJob::open() const { return s_->job != nullptr; }
 
-asio::awaitable<bool> NodeJob::handle(Channel& ch, const Envelope& m) {
+void NodeJob::quarantine() {
+  if (s_->ucx) s_->ucx->quarantine();
+}
+
+asio::awaitable<NodePart::Answer> NodeJob::answer(Channel& ch, const Envelope& m) {
   State& s = *s_;
-  if (!s.job && !std::holds_alternative<JobOpen>(m.body)) co_return false;
+  if (!s.job && !std::holds_alternative<JobOpen>(m.body)) co_return NotMine{};
   Body reply;
-  bool answer = true;
-  std::string failure;
-  try {
+  {
     if (auto* o = std::get_if<JobOpen>(&m.body)) {
       reply = Ready{s.open(*o)};
       s.reply_to = std::make_shared<Channel*>(&ch);
@@ -277,7 +275,7 @@ asio::awaitable<bool> NodeJob::handle(Channel& ch, const Envelope& m) {
       reply = s.located(a->unit.id);
     } else if (auto* b = std::get_if<UnitBuild>(&m.body)) {
       s.build(*b, m.request_id);
-      answer = false;  // run_build replies
+      co_return Later{};  // run_build replies
     } else if (auto* f = std::get_if<UnitFree>(&m.body)) {
       s.free(f->id);
       reply = UnitFreed{f->id};
@@ -287,23 +285,14 @@ asio::awaitable<bool> NodeJob::handle(Channel& ch, const Envelope& m) {
       const FillCheck c = co_await s.offload(check);
       reply = Verified{c.ok, c.ok, c.bytes, c.first_error};
     } else if (std::holds_alternative<Abort>(m.body)) {
+      quarantine();  // the coordinator stops the graph: a node was lost, or a build failed
       const bool stopped = co_await s.abort(std::chrono::seconds(2));
       reply = Aborted{!stopped};
-    } else if (std::holds_alternative<Finish>(m.body)) {
-      co_await close();
-      reply = Finished{};
     } else {
-      co_return false;
+      co_return NotMine{};
     }
-  } catch (const Error& e) {
-    failure = e.what();
   }
-  if (!failure.empty()) {
-    reply = Failed{failure};
-    answer = true;
-  }
-  if (answer) co_await ch.reply(m.request_id, reply);
-  co_return true;
+  co_return reply;
 }
 
 asio::awaitable<void> NodeJob::close() {

@@ -62,12 +62,14 @@ NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_
     : s_(std::make_unique<State>(io, node_rank, device_capacity, metrics)) {}
 NodeTransition::~NodeTransition() = default;
 
-asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
+void NodeTransition::quarantine() {
+  if (s_->part) s_->part->quarantine();
+}
+
+asio::awaitable<NodePart::Answer> NodeTransition::answer(Channel& ch, const Envelope& m) {
   State& s = *s_;
   Body reply;
-  bool answer = true;
-  std::string failure;
-  try {
+  {
     if (auto* p = std::get_if<Prepare>(&m.body)) {
       s.prepare(*p);
       Participant* part = s.part.get();
@@ -75,10 +77,9 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
       co_await s.offload(fill);  // gigabytes: off the event loop
       reply = Ready{part->publish()};
     } else if (!s.part) {  // nothing prepared (it failed, or the session is new)
-      if (std::holds_alternative<Finish>(m.body)) reply = Finished{};
-      else if (std::holds_alternative<Abort>(m.body)) reply = Aborted{false};
+      if (std::holds_alternative<Abort>(m.body)) reply = Aborted{false};
       else if (std::holds_alternative<Verify>(m.body)) reply = Failed{"no transition on node " + std::to_string(s.rank)};
-      else co_return false;
+      else co_return NotMine{};
     } else if (auto* peers = std::get_if<Peers>(&m.body)) {
       s.part->connect(peers->all);
       reply = Connected{};
@@ -108,7 +109,7 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
         } catch (const std::exception&) {  // the coordinator went away; close() cleans up
         }
       });
-      answer = false;
+      co_return Later{};
     } else if (std::holds_alternative<Abort>(m.body)) {
       const bool stopped = co_await s.part->abort(std::chrono::seconds(2));
       reply = Aborted{!stopped};
@@ -134,21 +135,11 @@ asio::awaitable<bool> NodeTransition::handle(Channel& ch, const Envelope& m) {
       const json files = co_await s.offload(write);
       for (const auto& f : files) out.files.push_back(f.dump());
       reply = out;
-    } else if (std::holds_alternative<Finish>(m.body)) {
-      co_await close();
-      reply = Finished{};
     } else {
-      co_return false;
+      co_return NotMine{};
     }
-  } catch (const Error& e) {
-    failure = e.what();
   }
-  if (!failure.empty()) {
-    reply = Failed{failure};
-    answer = true;
-  }
-  if (answer) co_await ch.reply(m.request_id, reply);
-  co_return true;
+  co_return reply;
 }
 
 asio::awaitable<void> NodeTransition::close() {

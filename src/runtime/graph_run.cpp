@@ -103,6 +103,7 @@ asio::awaitable<void> GraphRun::build(std::uint32_t x) {
   const double start = since();
   const UnitId id = co_await space_.allocate(*this, x);
   allocated_[x] = id;
+  if (stopping_) co_return;  // stopped while allocating: nothing to fill; freed when the run settles
   const std::uint64_t bytes = co_await space_.fill(*this, x, id, groups);
   if (stopping_) co_return;  // stopped as it finished: the unit is freed when the run settles
   news_[n.unit.stage][n.unit.unit] = id;  // committed: every byte landed

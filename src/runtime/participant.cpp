@@ -79,6 +79,7 @@ void Participant::run(std::function<asio::awaitable<void>(RunResult)> done) {
 }
 
 asio::awaitable<bool> Participant::abort(std::chrono::milliseconds limit) {
+  ucx_.quarantine();  // aborted because a peer failed: its requests may never complete
   if (ex_) ex_->cancel();
   stuck_ = !co_await scope_.join_within(limit);
   co_return !stuck_;

@@ -8,6 +8,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -45,10 +46,18 @@ struct UcxTransport::Impl {
   std::map<PeerId, std::string> failed;  // peer → why
   std::map<std::pair<PeerId, DeviceId>, ucp_rkey_h> rkeys;
   std::map<UcxBatch*, std::shared_ptr<UcxBatch>> batches;  // in flight
-  // Deregistered memory, unmapped only after the worker is destroyed: destroying it purges
-  // requests still pending to a dead or frozen peer, and those touch their memory handles
-  // (unmapping first crashed a daemon in ucp_worker_destroy).
-  std::vector<ucp_mem_h> unmap_later;
+  /// Registered memory, for the memh our requests pass (UCX then registers nothing per
+  /// request, and has nothing of its own to deregister when it purges one).
+  struct Region {
+    std::uintptr_t lo = 0, hi = 0;
+    ucp_mem_h memh = nullptr;
+  };
+  std::vector<Region> regions;
+  // Every memh, deregistered or not: unmapped only after the worker is destroyed.
+  std::vector<ucp_mem_h> mapped;
+  /// Set when a peer may have died or frozen with requests in flight (ucx.hpp,
+  /// "Lifetimes"): the worker is then never destroyed.
+  bool quarantined = false;
   // Work posted to the event loop holds this weakly: it may run after the transport is gone.
   std::shared_ptr<int> alive = std::make_shared<int>(0);
   std::size_t in_flight = 0;
@@ -66,9 +75,17 @@ struct UcxTransport::Impl {
     loops_done.cancel();
   }
 
+  ucp_mem_h memh_for(const void* p, std::size_t n) const {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (const Region& r : regions)
+      if (a >= r.lo && a + n <= r.hi) return r.memh;
+    return nullptr;
+  }
+
   static void on_done(void* request, ucs_status_t st, void* user) {
     auto* b = static_cast<UcxBatch*>(user);
     b->requests.erase(request);
+    if (st != UCS_OK) b->impl->quarantined = true;  // a peer failed, or a request was cut short
     if (st != UCS_OK && b->status.is_ok())
       b->status = st == UCS_ERR_CANCELED ? Status{StatusCode::cancelled, "ucx request cancelled"}
                                          : Status{StatusCode::peer_failed, "ucx request failed: " + ucs(st)};
@@ -80,6 +97,7 @@ struct UcxTransport::Impl {
 
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st) {
     auto* self = static_cast<Impl*>(arg);
+    self->quarantined = true;
     for (auto& [peer, e] : self->eps)
       if (e == ep) self->failed[peer] = "peer " + std::to_string(peer) + " failed: " + ucs(st);
   }
@@ -168,33 +186,82 @@ UcxTransport::UcxTransport(asio::io_context& io, UcxOptions options)
   asio::co_spawn(io, impl_->tick_loop(), asio::detached);
 }
 
+namespace {
+
+/// UCP state left alive for the rest of the process (ucx.hpp, "Lifetimes"). Reachable
+/// from here, so leak checkers do not count it.
+struct Quarantined {
+  ucp_context_h context;
+  ucp_worker_h worker;
+};
+std::vector<Quarantined>* quarantine_list = new std::vector<Quarantined>();
+
+}  // namespace
+
 UcxTransport::~UcxTransport() {
-  impl_->stopping = true;
-  for (auto& [key, rk] : impl_->rkeys) ucp_rkey_destroy(rk);
-  impl_->efd.close();
-  impl_->tick.cancel();
-  for (auto& [peer, ep] : impl_->eps) {
+  Impl& x = *impl_;
+  x.stopping = true;
+  x.efd.close();
+  x.tick.cancel();
+  if (!x.quarantined) {
+    for (auto& [key, rk] : x.rkeys) ucp_rkey_destroy(rk);
+    x.rkeys.clear();
+    close_endpoints(std::chrono::milliseconds(500));
+  }
+  if (x.quarantined || x.in_flight > 0) {
+    // Requests may still be pending to a dead or frozen peer, also on endpoints UCX made
+    // itself (replies to a peer's gets): destroying the worker would purge them, and a
+    // purge touches memory handles and requests that are gone (SIGSEGV in
+    // ucp_worker_destroy). Leave the context, the worker and the registrations alone.
+    quarantine_list->push_back({x.context, x.worker});
+    return;
+  }
+  ucp_worker_destroy(x.worker);
+  for (ucp_mem_h m : x.mapped) ucp_mem_unmap(x.context, m);
+  ucp_cleanup(x.context);
+}
+
+void UcxTransport::close_endpoints(std::chrono::milliseconds limit) {
+  Impl& x = *impl_;
+  std::vector<void*> closing;
+  for (auto& [peer, ep] : x.eps) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* req = ucp_ep_close_nbx(ep, &p);
-    if (UCS_PTR_IS_PTR(req)) {
-      // Bounded: closing the endpoint of a peer that died mid-transfer may never complete,
-      // and a daemon must not hang its event loop on it.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-      while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
-        ucp_worker_progress(impl_->worker);
-      ucp_request_free(req);  // still in progress: released with the worker
-    }
+    if (UCS_PTR_IS_PTR(req)) closing.push_back(req);
   }
-  ucp_worker_destroy(impl_->worker);
-  for (ucp_mem_h m : impl_->unmap_later) ucp_mem_unmap(impl_->context, m);
-  ucp_cleanup(impl_->context);
+  x.eps.clear();
+  // Bounded: a daemon must not hang its event loop on a peer that died mid-transfer.
+  const auto until = std::chrono::steady_clock::now() + limit;
+  auto pending = [&] {
+    return std::any_of(closing.begin(), closing.end(), [](void* r) { return ucp_request_check_status(r) == UCS_INPROGRESS; });
+  };
+  while (pending() && std::chrono::steady_clock::now() < until) ucp_worker_progress(x.worker);
+  if (pending()) x.quarantined = true;
+  for (void* r : closing) ucp_request_free(r);
 }
+
+void UcxTransport::quarantine() { impl_->quarantined = true; }
+
+bool UcxTransport::quarantined() const { return impl_->quarantined; }
 
 // Waits for both loops to exit: they use the worker, which the destructor destroys (a
 // daemon runs many transitions in one event loop, so they must be gone, not just told).
 asio::awaitable<void> UcxTransport::shutdown() {
+  Impl& x = *impl_;
+  // Our requests end first: cancelled, then progressed until they complete (bounded; what
+  // does not complete quarantines the worker).
+  for (auto& [ptr, b] : x.batches) {
+    const std::set<void*> reqs = b->requests;  // callbacks edit the set
+    for (void* r : reqs) ucp_request_cancel(x.worker, r);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (x.in_flight > 0 && std::chrono::steady_clock::now() < until) {
+    ucp_worker_progress(x.worker);
+    co_await asio::post(x.io, asio::use_awaitable);  // completions run, the loop stays live
+  }
+  if (x.in_flight > 0) x.quarantined = true;
   impl_->stopping = true;
   impl_->wake();
   impl_->tick.cancel();
@@ -226,11 +293,19 @@ Registration UcxTransport::register_memory(const MemoryRegion& region) {
   Registration r{region, std::vector<std::byte>(static_cast<std::byte*>(buf), static_cast<std::byte*>(buf) + len),
                  reinterpret_cast<std::uint64_t>(memh)};
   ucp_rkey_buffer_release(buf);
+  const auto lo = reinterpret_cast<std::uintptr_t>(region.base);
+  impl_->regions.push_back({lo, lo + region.size, memh});
+  impl_->mapped.push_back(memh);
   return r;
 }
 
 void UcxTransport::deregister_memory(const Registration& r) {
-  impl_->unmap_later.push_back(reinterpret_cast<ucp_mem_h>(r.handle));
+  // New requests no longer use it; requests already posted may: it stays mapped until
+  // the worker is gone.
+  auto& regions = impl_->regions;
+  regions.erase(std::remove_if(regions.begin(), regions.end(),
+                               [&](const Impl::Region& g) { return g.memh == reinterpret_cast<ucp_mem_h>(r.handle); }),
+                regions.end());
 }
 
 std::vector<std::byte> UcxTransport::address() const {
@@ -335,10 +410,16 @@ struct Initiate {
     for (const Segment& s : list.segments)
       for (std::uint64_t i = 0; i < s.count && batch->status.is_ok(); ++i) {
         const std::uint64_t src = s.src + i * s.src_stride, dst = s.dst + i * s.dst_stride;
+        void* local = reinterpret_cast<void*>(list.op == Op::get ? dst : src);
+        ucp_request_param_t q = p;
+        if (ucp_mem_h m = x.memh_for(local, s.bytes)) {
+          q.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+          q.memh = m;
+        }
         if (list.op == Op::get)
-          track(ucp_get_nbx(ep->second, reinterpret_cast<void*>(dst), s.bytes, src, rk->second, &p), "get");
+          track(ucp_get_nbx(ep->second, local, s.bytes, src, rk->second, &q), "get");
         else
-          track(ucp_put_nbx(ep->second, reinterpret_cast<void*>(src), s.bytes, dst, rk->second, &p), "put");
+          track(ucp_put_nbx(ep->second, local, s.bytes, dst, rk->second, &q), "put");
       }
     // A put completes locally; flush so its bytes are visible at the peer.
     if (list.op == Op::put && batch->status.is_ok()) track(ucp_ep_flush_nbx(ep->second, &p), "flush");

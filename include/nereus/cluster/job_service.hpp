@@ -17,6 +17,7 @@
 #include "nereus/cluster/channel.hpp"
 #include "nereus/cluster/messages.hpp"
 #include "nereus/cluster/metrics.hpp"
+#include "nereus/cluster/node_part.hpp"
 #include "nereus/cluster/transition_service.hpp"
 #include "nereus/base/device.hpp"
 
@@ -32,19 +33,20 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& request, const st
                                             std::function<bool(int)> membership = {});
 
 /// One node's part of a job, answering the coordinator on one channel.
-class NodeJob {
+class NodeJob final : public NodePart {
  public:
   /// Units live in `devices` (the daemon's arenas); builds are counted in `metrics`.
   NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics);
   ~NodeJob();
   /// Whether a job is open on this channel (its messages go here).
   bool open() const;
-  /// Handles one message of the exchange; false when the message is not part of it.
-  asio::awaitable<bool> handle(Channel& ch, const Envelope& m);
   /// Cancels running builds and frees every unit (the coordinator finished or went away).
-  asio::awaitable<void> close();
+  asio::awaitable<void> close() override;
 
  private:
+  bool takes_finish() const override { return open(); }
+  void quarantine() override;
+  asio::awaitable<Answer> answer(Channel& ch, const Envelope& m) override;
   struct State;
   std::unique_ptr<State> s_;
 };

@@ -14,6 +14,7 @@
 #include "nereus/cluster/launch.hpp"
 #include "nereus/cluster/messages.hpp"
 #include "nereus/cluster/metrics.hpp"
+#include "nereus/cluster/node_part.hpp"
 
 namespace nereus::cluster {
 
@@ -36,17 +37,18 @@ asio::awaitable<TransitionOutcome> drive_transition(const TransitionSpec& spec, 
                                                    int devices_per_node, const std::string& token);
 
 /// One node's part of a transition, answering the coordinator on one channel.
-class NodeTransition {
+class NodeTransition final : public NodePart {
  public:
   /// Runs are counted in `metrics` (per-link bytes and transfers, run times).
   NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics);
   ~NodeTransition();
-  /// Handles one message of the exchange; false when the message is not part of it.
-  asio::awaitable<bool> handle(Channel& ch, const Envelope& m);
   /// Releases everything (the coordinator went away mid-transition).
-  asio::awaitable<void> close();
+  asio::awaitable<void> close() override;
 
  private:
+  bool takes_finish() const override { return true; }
+  void quarantine() override;
+  asio::awaitable<Answer> answer(Channel& ch, const Envelope& m) override;
   struct State;
   std::unique_ptr<State> s_;
 };

@@ -80,6 +80,8 @@ class Participant {
   /// Cancels a running run and waits up to `limit` for it; false when a transfer would not
   /// stop (UCX gets cannot always be cancelled; they only write destination buffers).
   asio::awaitable<bool> abort(std::chrono::milliseconds limit);
+  /// A peer may be dead or frozen: never destroy the UCX worker (transport/ucx.hpp).
+  void quarantine() { ucx_.quarantine(); }
   /// Waits for a started run (unless abort() gave up on it).
   asio::awaitable<void> settle();
   // These three touch only memory and files (no UCX): a daemon runs them off its loop.

@@ -3,6 +3,30 @@
 // picks (shared memory, CMA, TCP on loopback). One UCP worker per transport, progressed
 // from its io_context: busy progress while operations are in flight, an armed wait on
 // the worker's event fd when idle, and a fallback timer tick.
+//
+// Lifetimes — who holds what, and the order things end:
+// - The memory a transport registers (device arenas) is its owner's and must outlive the
+//   transport: owners declare their devices before their transport.
+// - The context holds the registrations (memh); the worker holds the endpoints (ours,
+//   and those UCX makes itself, e.g. to answer a peer's emulated gets); an endpoint holds
+//   the requests pending on it and the rkeys unpacked for it. Every request we post
+//   passes the memh of the registered region it reads or writes, so UCX registers nothing
+//   per request.
+// - deregister_memory() only stops new requests from using a region; it stays mapped
+//   until the worker is gone, since requests already posted may still use it.
+// - shutdown() (on the event loop): our requests are cancelled and progressed until they
+//   complete (bounded), then the progress loops stop. The destructor then destroys rkeys,
+//   closes our endpoints (forced, bounded), destroys the worker, unmaps every region and
+//   cleans up the context, in that order.
+// - Quarantine: when a peer may have died or frozen with work in flight (a request ended
+//   with an error or was cut short, an endpoint failed, a close or a request did not
+//   finish in time, or the owner called quarantine() after aborting work), requests may
+//   stay pending forever, also on endpoints we never see. Destroying the worker would
+//   purge them, and the purge touches requests and handles already gone (SIGSEGV in
+//   ucp_worker_destroy → ucp_ep_purge_lanes, UCX 1.13). The destructor then closes
+//   nothing and destroys nothing: the context, worker and registrations stay alive,
+//   unprogressed, until the process ends (a few MB per quarantined transport).
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,8 +38,11 @@ namespace nereus {
 struct UcxOptions {
   /// UCX_NET_DEVICES unless the environment sets it: loopback keeps benches on this host.
   std::string net_devices = "lo";
-  /// Detect failed peers (fails their in-flight operations instead of hanging).
-  bool peer_error_handling = true;
+  /// UCX peer error handling: detects failed peers inside UCX, but rules out the shared
+  /// memory transports (sysv/posix/cma lack it), and its TCP get emulation aborts a
+  /// process serving a get to a peer that dies. Off by default: an error handler is set on
+  /// every endpoint either way, and the control plane detects dead peers.
+  bool peer_error_handling = false;
 };
 
 class UcxTransport final : public Transport {
@@ -34,12 +61,18 @@ class UcxTransport final : public Transport {
   Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key) override;
   asio::awaitable<Status> post(DescriptorList list) override;
 
-  /// Closes endpoints and stops the progress loop; call before the io_context stops.
+  /// Ends our requests and stops the progress loops; call before the io_context stops
+  /// (see "Lifetimes" above).
   asio::awaitable<void> shutdown();
+  /// The owner aborted work that may involve a dead or frozen peer: never destroy the
+  /// worker (see "Lifetimes" above).
+  void quarantine();
+  bool quarantined() const;
 
   struct Impl;
 
  private:
+  void close_endpoints(std::chrono::milliseconds limit);
   std::unique_ptr<Impl> impl_;
 };
 
