@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Transition throughput against this machine's own baselines, measured in one run:
 #   local transport vs memcpy (the bench measures memcpy itself),
-#   ucx --procs 2 and --procs 4 vs `ucx_perftest -t tag_bw` at 64 MiB.
+#   ucx --procs 2 and --procs 4 (RMA gets) vs `ucx_perftest -t ucp_get` at 64 MiB, the same
+#   operation; `-t tag_bw` as a second reference.
 #   with --peer: the torch.distributed (gloo) all-gather reshard of benches/peers/ too.
 # usage: benches/transition.sh [--smoke] [--peer]   (NEREUS=path/to/nereus to override)
 set -euo pipefail
@@ -19,13 +20,14 @@ else
 fi
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
 
-perftest() {  # prints GB/s (10^9 B/s) of tag_bw at 64 MiB
+perftest() {  # TEST: prints GB/s (10^9 B/s) of ucx_perftest -t TEST at 64 MiB
+  local test=$1
   local port=$((20000 + RANDOM % 20000))
-  ucx_perftest -t tag_bw -s 67108864 -n "$perf_n" -p "$port" >/dev/null 2>&1 &
+  ucx_perftest -t "$test" -s 67108864 -n "$perf_n" -p "$port" >/dev/null 2>&1 &
   local server=$!
   sleep 1
   local line
-  line=$(ucx_perftest 127.0.0.1 -t tag_bw -s 67108864 -n "$perf_n" -p "$port" 2>/dev/null | grep '^Final:' || true)
+  line=$(ucx_perftest 127.0.0.1 -t "$test" -s 67108864 -n "$perf_n" -p "$port" 2>/dev/null | grep '^Final:' || true)
   wait "$server" || true
   # Final: iterations, latency 50%, avg, overall; bandwidth (MB/s = 2^20 B/s) avg, overall; msg rate.
   echo "$line" | awk '{printf "%.3f\n", $7 * 1048576 / 1e9}'
@@ -40,13 +42,14 @@ for spec in "tp=4,pp=1,dp=1 tp=2,pp=1,dp=2" "tp=2,pp=1,dp=2 tp=4,pp=1,dp=1"; do
     "$(echo "$j" | field seconds_median)" "$(echo "$j" | field gbps)" "$(echo "$j" | field copy_gbps)" \
     "$(echo "$j" | field ratio_to_memcpy)" "$(echo "$j" | field memcpy_gbps)"
 done
-pt=$(perftest)
-echo "ucx_perftest tag_bw 64 MiB: $pt GB/s"
+pt=$(perftest ucp_get)
+tag=$(perftest tag_bw)
+echo "ucx_perftest ucp_get 64 MiB: $pt GB/s (tag_bw: $tag GB/s)"
 for procs in 2 4; do
   j=$($nereus bench transition --model $model --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport ucx --procs $procs --repeat $repeat --json)
   moved=$(echo "$j" | field gbps)
   copy=$(echo "$j" | field copy_gbps)
-  printf '%-34s %10.4f %10.2f %10.2f %8.2f  (moved / tag_bw)\n' "ucx --procs $procs" \
+  printf '%-34s %10.4f %10.2f %10.2f %8.2f  (moved / ucp_get)\n' "ucx --procs $procs" \
     "$(echo "$j" | field seconds_median)" "$moved" "$copy" "$(python3 -c "print($moved / $pt if $pt > 0 else 0)")"
 done
 if $peer; then

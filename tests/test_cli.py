@@ -163,6 +163,9 @@ for t in ["sm-cs", "cm-ss", "cm-cs"]:
 rc, out, err = run("bench", "overlap", "--smoke", "--repeat", "1", "--json")
 j = json.loads(out) if rc == 0 and out else {}
 check(j.get("verified") is True and "exposed_ratio" in j and j.get("cap_violations") == 0, f"overlap smoke ({err.strip()})")
+sh = j.get("shared", {})
+check(sh.get("verified") is True and "exposed_ratio" in sh and sh.get("cap_violations") == 0,
+      f"overlap smoke, stage work and transfers on shared devices ({err.strip()})")
 rc, _, err = run("bench", "coordination", "--type", "xx")
 check(rc != 0 and "--type" in err, "an unknown coordination type is refused")
 

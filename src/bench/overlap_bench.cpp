@@ -1,10 +1,14 @@
 // `nereus bench overlap`: how much of a transition stays exposed when it runs beside
 // stage work. A PPO job whose actor and critic share devices 0-3 and whose reference and
-// reward models (qwen2.5-0.5b) sit on 4 and 6; the transition extends the reference to a
-// second replica on 5 and reshards the reward to tp=2 on 6-7 while actor/train does CPU
-// work on 0-3. Measured per repetition: the transition alone, the stage work alone (a fixed
-// amount of work sized to about twice the transition), and both together;
-// exposed = together − stage alone, reported against the transition alone.
+// reward models (qwen2.5-0.5b) sit on 4 and 6, while actor/train does CPU work on 0-3.
+// Two cases, each on a fresh job:
+// - disjoint: the transition extends the reference to a second replica on 5 and reshards
+//   the reward to tp=2 on 6-7, devices the stage does not use;
+// - shared: the same changes land on devices 0-2, where the stage runs; the job runtime
+//   holds a build back while a stage runs on its devices (JobOptions::avoid_busy).
+// Measured per repetition: the transition alone, the stage work alone (a fixed amount of
+// work sized to about twice the transition), and both together; exposed = together −
+// stage alone, reported against the transition alone.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -64,15 +68,19 @@ const char* kTo = R"({"actor/generate": "tp=4,pp=1,dp=1,devices=0-3", "actor/inf
   "critic/infer": "tp=4,pp=1,dp=1,devices=0-3", "reference/infer": "tp=1,pp=1,dp=2,devices=4-5",
   "reward/infer": "tp=2,pp=1,dp=1,devices=6-7", "actor/train": "tp=4,pp=1,dp=1,devices=0-3",
   "critic/train": "tp=4,pp=1,dp=1,devices=0-3"})";
+const char* kToShared = R"({"actor/generate": "tp=4,pp=1,dp=1,devices=0-3", "actor/infer": "tp=4,pp=1,dp=1,devices=0-3",
+  "critic/infer": "tp=4,pp=1,dp=1,devices=0-3", "reference/infer": "tp=1,pp=1,dp=2,devices=4:0",
+  "reward/infer": "tp=2,pp=1,dp=1,devices=1:2", "actor/train": "tp=4,pp=1,dp=1,devices=0-3",
+  "critic/train": "tp=4,pp=1,dp=1,devices=0-3"})";
 
 }  // namespace
 
-int run_overlap_bench(const OverlapConfig& c) {
-  if (c.repeat < 1) throw Error("--repeat must be positive");
-  const JobSpec spec = overlap_job(c.smoke);
-  const GlobalPlan from = load_global_plan(spec, kFrom), to = load_global_plan(spec, kTo);
+namespace {
+
+/// One case: the transition from `from` to `to` alone, the stage alone, both together.
+nlohmann::json measure(const OverlapConfig& c, const JobSpec& spec, const GlobalPlan& from, const GlobalPlan& to,
+                       asio::thread_pool& cpu) {
   asio::io_context io;
-  asio::thread_pool cpu(1);  // where the stage's CPU work runs, off the event loop
   JobOptions o;
   o.devices = 8;
   o.capacity = c.smoke ? (64 << 20) : (std::size_t{3} << 30);
@@ -144,28 +152,48 @@ int run_overlap_bench(const OverlapConfig& c) {
   const FillCheck v = job.verify();
   const double t_tran = median(tran), t_alone = median(alone), t_both = median(both);
   const double exposed = std::max(0.0, t_both - t_alone);
-  nlohmann::json out = {{"repeat", c.repeat},
-                        {"smoke", c.smoke},
-                        {"moved_bytes", median(moved)},
-                        {"transition_seconds", t_tran},
-                        {"stage_seconds", t_alone},
-                        {"together_seconds", t_both},
-                        {"serialized_seconds", t_alone + t_tran},
-                        {"exposed_seconds", exposed},
-                        {"exposed_ratio", t_tran > 0 ? exposed / t_tran : 0.0},
-                        {"verified", v.ok},
-                        {"cap_violations", job.cap_violations()},
-                        {"checksum", sink & 0xff}};
+  return {{"moved_bytes", median(moved)},
+          {"transition_seconds", t_tran},
+          {"stage_seconds", t_alone},
+          {"together_seconds", t_both},
+          {"serialized_seconds", t_alone + t_tran},
+          {"exposed_seconds", exposed},
+          {"exposed_ratio", t_tran > 0 ? exposed / t_tran : 0.0},
+          {"verified", v.ok},
+          {"cap_violations", job.cap_violations()},
+          {"checksum", sink & 0xff}};
+}
+
+}  // namespace
+
+int run_overlap_bench(const OverlapConfig& c) {
+  if (c.repeat < 1) throw Error("--repeat must be positive");
+  const JobSpec spec = overlap_job(c.smoke);
+  const GlobalPlan from = load_global_plan(spec, kFrom);
+  asio::thread_pool cpu(1);  // where the stage's CPU work runs, off the event loop
+  // The disjoint case's figures at the top level, the shared case's under "shared".
+  nlohmann::json out = measure(c, spec, from, load_global_plan(spec, kTo), cpu);
+  out["shared"] = measure(c, spec, from, load_global_plan(spec, kToShared), cpu);
+  out["repeat"] = c.repeat;
+  out["smoke"] = c.smoke;
+  cpu.join();
+  const bool ok = out["verified"].get<bool>() && out["shared"]["verified"].get<bool>() && out["cap_violations"] == 0 &&
+                  out["shared"]["cap_violations"] == 0;
   if (c.json) {
     std::cout << out.dump() << "\n";
   } else {
-    std::cout << fmt::format("transition alone {:.3f} s ({:.2f} GB), stage work alone {:.3f} s, together {:.3f} s\n",
-                             t_tran, median(moved) / 1e9, t_alone, t_both);
-    std::cout << fmt::format("exposed {:.3f} s = {:.1f}% of the transition (serialized would add {:.3f} s); bytes {}\n",
-                             exposed, t_tran > 0 ? 100 * exposed / t_tran : 0.0, t_tran, v.ok ? "verified" : "WRONG");
+    for (const auto& [name, r] : {std::pair<const char*, const nlohmann::json&>{"disjoint devices", out},
+                                  std::pair<const char*, const nlohmann::json&>{"shared devices", out["shared"]}}) {
+      const double t_tran = r["transition_seconds"];
+      std::cout << fmt::format("{}: transition alone {:.3f} s ({:.2f} GB), stage work alone {:.3f} s, together {:.3f} s\n", name,
+                               t_tran, r["moved_bytes"].get<double>() / 1e9, r["stage_seconds"].get<double>(),
+                               r["together_seconds"].get<double>());
+      std::cout << fmt::format("  exposed {:.3f} s = {:.1f}% of the transition (serialized would add {:.3f} s); bytes {}\n",
+                               r["exposed_seconds"].get<double>(), 100 * r["exposed_ratio"].get<double>(), t_tran,
+                               r["verified"].get<bool>() ? "verified" : "WRONG");
+    }
   }
-  cpu.join();
-  return v.ok && job.cap_violations() == 0 ? 0 : 1;
+  return ok ? 0 : 1;
 }
 
 }  // namespace nereus::bench

@@ -105,15 +105,16 @@ asio::awaitable<bool> Participant::finish(std::chrono::milliseconds limit) {
 PreparedReshard prepare_reshard(const ReshardSpec& c) {
   if (c.train && c.sync) throw Error("--train and --sync exclude each other");
   auto model = load_model(c.model);
-  auto spec = [](const char* flag, const std::string& s) {
+  // An error names the side it is about: "--from tp=3,...: ...".
+  auto side = [&](const char* flag, const std::string& s, const char* name, bool train) {
     try {
-      return parse_collection_spec(s);
+      return Collection::from_spec(model, name, parse_collection_spec(s), train);
     } catch (const Error& e) {
       throw Error(std::string(flag) + " " + s + ": " + e.what());
     }
   };
-  Collection src = Collection::from_spec(model, "source", spec("--from", c.from), c.train || c.sync);
-  Collection dst = Collection::from_spec(model, "target", spec("--to", c.to), c.train);
+  Collection src = side("--from", c.from, "source", c.train || c.sync);
+  Collection dst = side("--to", c.to, "target", c.train);
   ReshardOptions opt;
   opt.links.gpus_per_node = c.gpus_per_node;
   ReshardPlan plan = plan_reshard(src, dst, opt);
