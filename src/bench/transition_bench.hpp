@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "nereus/base/stats.hpp"
 #include "nereus/runtime/participant.hpp"
 
 namespace nereus::bench {

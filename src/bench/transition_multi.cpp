@@ -155,18 +155,10 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     auto v = co_await gather("verified", clock::now() + std::chrono::seconds(60), false);
     bool ok = !v.empty();
     for (auto& [r, m] : v) ok = ok && m.value("sources_ok", false);
-    out["error"] = first;
-    if (detected > 0) out["failure_detected_seconds"] = detected;
-    out["verified_sources"] = ok;
-    out["surviving_workers"] = v.size();
+    out.update(failure_figures(first, detected, ok, v.size()));
   } else {
-    const auto [median, min] = median_min(secs);
-    out["seconds_median"] = median;
-    out["seconds_min"] = min;
-    out["gbps"] = static_cast<double>(p.plan.summary().moved_bytes) / median / 1e9;
     const auto copied = last_done["link_bytes"].get<std::uint64_t>() + last_done["local_bytes"].get<std::uint64_t>();
-    out["copied_bytes"] = copied;
-    out["copy_gbps"] = static_cast<double>(copied) / median / 1e9;
+    out.update(run_figures(p, secs, copied));
     out["verified"] = nullptr;
     if (c.verify) {
       {

@@ -66,14 +66,9 @@ int run_single_process(const TransitionConfig& c) {
     last = run_until_done(io, ex.run(bound));
     secs.push_back(last.seconds);
   }
-  const auto [median, min] = median_min(secs);
-  nlohmann::json out;
-  out["seconds_median"] = median;
-  out["seconds_min"] = min;
+  nlohmann::json out = run_figures(p, secs, last.link_bytes + last.local_bytes);
   const double copied = static_cast<double>(last.link_bytes + last.local_bytes);
-  out["gbps"] = static_cast<double>(p.plan.summary().moved_bytes) / median / 1e9;
-  out["copied_bytes"] = last.link_bytes + last.local_bytes;
-  out["copy_gbps"] = copied / median / 1e9;
+  const double median = out["seconds_median"];
   out["units_committed"] = last.commits.size();
   out["peak_device_bytes"] = store.peak_bytes();
   if (c.transport == "local") {

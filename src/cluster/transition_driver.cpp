@@ -11,7 +11,6 @@
 
 #include "nereus/cluster/auth.hpp"
 #include "nereus/base/error.hpp"
-#include "nereus/base/stats.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/inbox.hpp"
 #include "transition_config.hpp"
@@ -158,17 +157,9 @@ class Driver {
       const auto v = co_await gather<Verified>("verified", clock::now() + std::chrono::seconds(60), false);
       bool ok = !v.empty();
       for (const auto& [r, m] : v) ok = ok && m.sources_ok;
-      out["error"] = first;
-      if (detected > 0) out["failure_detected_seconds"] = detected;
-      out["verified_sources"] = ok;
-      out["surviving_workers"] = v.size();
+      out.update(failure_figures(first, detected, ok, v.size()));
     } else {
-      const auto [median, min] = median_min(secs);
-      out["seconds_median"] = median;
-      out["seconds_min"] = min;
-      out["gbps"] = static_cast<double>(p.plan.summary().moved_bytes) / median / 1e9;
-      out["copied_bytes"] = last.link_bytes + last.local_bytes;
-      out["copy_gbps"] = static_cast<double>(last.link_bytes + last.local_bytes) / median / 1e9;
+      out.update(run_figures(p, secs, last.link_bytes + last.local_bytes));
       out["verified"] = nullptr;
       out["links"] = link_stats;
       if (spec_.verify) {

@@ -2,6 +2,8 @@
 
 #include <set>
 
+#include "nereus/base/stats.hpp"
+
 #include "nereus/core/bytes.hpp"
 #include "nereus/base/error.hpp"
 
@@ -123,6 +125,21 @@ PreparedReshard prepare_reshard(const ReshardSpec& c) {
   for (DeviceId d : dst.devices()) all.insert(d);
   std::vector<DeviceId> devices(all.begin(), all.end());
   return {model, {std::move(src)}, std::move(dst), std::move(plan), std::move(devices)};
+}
+
+nlohmann::json run_figures(const PreparedReshard& p, const std::vector<double>& secs, std::uint64_t copied) {
+  const auto [median, min] = median_min(secs);
+  return {{"seconds_median", median},
+          {"seconds_min", min},
+          {"gbps", static_cast<double>(p.plan.summary().moved_bytes) / median / 1e9},
+          {"copied_bytes", copied},
+          {"copy_gbps", static_cast<double>(copied) / median / 1e9}};
+}
+
+nlohmann::json failure_figures(const std::string& error, double detected, bool sources_ok, std::size_t survivors) {
+  nlohmann::json out{{"error", error}, {"verified_sources", sources_ok}, {"surviving_workers", survivors}};
+  if (detected > 0) out["failure_detected_seconds"] = detected;
+  return out;
 }
 
 std::vector<DeviceId> devices_of(const std::vector<DeviceId>& all, int rank, int procs) {

@@ -48,6 +48,13 @@ struct PreparedReshard {
 
 /// Loads the model and plans the reshard; throws Error naming a bad flag or layout.
 PreparedReshard prepare_reshard(const ReshardSpec& s);
+/// The figures of repeated runs every driver of a reshard reports (seconds_median,
+/// seconds_min, gbps over links, copied_bytes, copy_gbps); `secs` must not be empty.
+nlohmann::json run_figures(const PreparedReshard& p, const std::vector<double>& secs, std::uint64_t copied_bytes);
+/// What a driver reports when a run failed: the first error, when the failure was known,
+/// and whether every surviving process still holds intact sources.
+nlohmann::json failure_figures(const std::string& error, double detected_seconds, bool sources_ok, std::size_t survivors);
+
 /// Devices of process `rank` of `procs`: an even, contiguous split.
 std::vector<DeviceId> devices_of(const std::vector<DeviceId>& all, int rank, int procs);
 
