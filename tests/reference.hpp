@@ -22,7 +22,7 @@ struct Tensor {
   std::vector<std::int64_t> shape;
   char rule;  // 'v' vocab rows, 'q' heads rows, 'k' kv rows, 'o' heads cols, 'i' I rows, 'd' I cols, 'r' replicated
   int layer;  // -1 outside layers
-  char where; // 'e' embedding, 'l' layer, 'n' final norm, 'h' lm_head
+  char where; // 'e' embedding, 'l' layer, 'n' final norm, 'h' lm_head or score
 };
 
 inline std::vector<Tensor> tensors(const nereus::ModelConfig& c) {
@@ -51,7 +51,9 @@ inline std::vector<Tensor> tensors(const nereus::ModelConfig& c) {
     out.push_back({p + "mlp.down_proj.weight", {H, c.intermediate}, 'd', l, 'l'});
   }
   out.push_back({"model.norm.weight", {H}, 'r', -1, 'n'});
-  if (!c.tied_embeddings) out.push_back({"lm_head.weight", {c.vocab, H}, 'v', -1, 'h'});
+  // A score head (value and reward models) replaces lm_head: [num_labels, H], replicated.
+  if (c.score_labels > 0) out.push_back({"score.weight", {c.score_labels, H}, 'r', -1, 'h'});
+  else if (!c.tied_embeddings) out.push_back({"lm_head.weight", {c.vocab, H}, 'v', -1, 'h'});
   return out;
 }
 

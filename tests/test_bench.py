@@ -24,7 +24,8 @@ def bench(*args, timeout=240):
 
 # Local transport, training slots, fused packing, explicit PP partition.
 for model, src, dst in [("tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=2,dp=1,partition=2/4"),
-                        ("tiny-qwen2-tied", "tp=2,pp=2,dp=1", "tp=4,pp=1,dp=2,packing=fused")]:
+                        ("tiny-qwen2-tied", "tp=2,pp=2,dp=1", "tp=4,pp=1,dp=2,packing=fused"),
+                        ("tiny-llama-value", "tp=1,pp=2,dp=1", "tp=2,pp=1,dp=2")]:  # a score head
     rc, j, err = bench("--model", model, "--from", src, "--to", dst, "--train", "--verify", "--repeat", "2")
     check(rc == 0 and j.get("verified") is True, f"local {model} {src} -> {dst} verified ({err.strip()})")
     for k in ["seconds_median", "seconds_min", "moved_bytes", "gbps", "verified", "transport", "procs"]:
@@ -35,6 +36,18 @@ with tempfile.TemporaryDirectory() as d:
                        "--train", "--dump", d, "--repeat", "1")
     check(rc == 0, f"local bench with --dump ({err.strip()})")
     check_dump(NEREUS, d, "tiny-llama")
+
+with tempfile.TemporaryDirectory() as d:  # a value model: score.weight replicated on the last stage
+    rc, j, err = bench("--model", "tiny-llama-value", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=2,dp=1",
+                       "--train", "--dump", d, "--repeat", "1")
+    check(rc == 0, f"local bench of a score-head model with --dump ({err.strip()})")
+    check_dump(NEREUS, d, "tiny-llama-value")
+    files = json.load(open(os.path.join(d, "manifest.json")))["files"]
+    score = sorted((f["device"], f["slot"]) for f in files if f.get("tensor") == "score.weight")
+    check(score == sorted((dev, s) for dev in (2, 3) for s in ("param", "master", "exp_avg", "exp_avg_sq"))
+          and all(f["box"] == [[0, 1], [0, 128]] for f in files if f.get("tensor") == "score.weight")
+          and not any(f.get("tensor") == "lm_head.weight" for f in files),
+          "score.weight [1, 128] whole on both TP ranks of the last stage, every training slot; no lm_head")
 
 # UCX across 2 and 4 processes.
 for procs, model, src, dst in [(2, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2"),

@@ -102,6 +102,54 @@ TEST_CASE("config errors name the field") {
   CHECK(has(error_of([] { load_model("no-such-model"); }), "neither a file nor a preset"));
 }
 
+TEST_CASE("score heads: value and reward models hold score.weight [num_labels, H], replicated, last stage") {
+  const auto v = load_model("tiny-llama-value");
+  CHECK(v->config().score_labels == 1);
+  CHECK_FALSE(v->find("lm_head.weight").has_value());
+  const auto id = v->find("score.weight");
+  REQUIRE(id.has_value());
+  CHECK(v->find(TensorKind::score) == id);
+  CHECK_FALSE(v->find(TensorKind::lm_head).has_value());
+  const TensorInfo& score = v->tensor(*id);
+  CHECK((score.shape[0] == 1 && score.shape[1] == 128));
+  CHECK(v->parameters() == load_model("tiny-llama")->parameters() - 1003 * 128 + 128);
+  const Layout l{2, 3, {}, Packing::hf};
+  for (int r = 0; r < 2; ++r) {
+    CHECK_FALSE(shard_box(v->config(), l, 0, r, score).has_value());
+    const auto b = shard_box(v->config(), l, 2, r, score);
+    REQUIRE(b.has_value());
+    CHECK((b->dims[0] == Range{0, 1} && b->dims[1] == Range{0, 128}));  // every rank holds all of it
+  }
+  CHECK(load_model("llama-3.1-8b-score")->config().score_labels == 1);
+  CHECK(load_model("qwen2.5-7b-score")->find("score.weight").has_value());
+  CHECK(load_model("qwen2.5-7b-score")->config().qkv_bias);
+
+  auto parse = [](const std::string& j) { return parse_model_config(j, "cfg.json"); };
+  const std::string base = R"("hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":50,"torch_dtype":"bfloat16")";
+  CHECK(parse(R"({"architectures":["Qwen3ForSequenceClassification"],"id2label":{"0":"a","1":"b","2":"c"},)" + base + "}").score_labels == 3);
+  const ModelConfig tied = parse(R"({"architectures":["LlamaForTokenClassification"],"model_type":"llama","tie_word_embeddings":true,)" + base + "}");
+  CHECK((tied.score_labels == 1 && !tied.tied_embeddings));
+  CHECK(parse(R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","num_labels":4,)" + base + "}").score_labels == 0);
+  CHECK(has(error_of([&] { parse(R"({"architectures":["LlamaForTokenClassification"],"num_labels":0,)" + base + "}"); }),
+            "'num_labels'"));
+  CHECK(has(error_of([&] { parse(R"({"architectures":["GPT2ForTokenClassification"],)" + base + "}"); }),
+            "unknown architecture 'GPT2ForTokenClassification'"));
+}
+
+TEST_CASE("a job's reward may be a rule: no reward model-stage") {
+  const std::string base = R"("prompts_per_step":8,"samples_per_prompt":2,"prompt_len":16,"max_response_len":32)";
+  const JobSpec j = parse_job(R"({"algorithm":"grpo","models":{"actor":"tiny-llama","reference":"tiny-llama","reward":"rule"},)" + base + "}", "job.json");
+  CHECK(j.rule_reward);
+  CHECK(j.model("reward") == nullptr);
+  for (const auto& phase : j.phases())
+    for (const ModelStage& st : phase) CHECK(st.role != "reward");
+  const JobSpec ppo = parse_job(R"({"algorithm":"ppo","models":{"actor":"tiny-llama","critic":"tiny-llama-value","reference":"tiny-llama","reward":"tiny-llama-value"},)" + base + "}", "job.json");
+  CHECK_FALSE(ppo.rule_reward);
+  CHECK(ppo.model("critic")->config().score_labels == 1);
+  CHECK(has(error_of([&] { parse_job(R"({"algorithm":"grpo","models":{"actor":"tiny-llama","reference":"tiny-llama","reward":3},)" + base + "}", "job.json"); }),
+            "or \"rule\" for a verifiable reward"));
+}
+
 TEST_CASE("layout specs parse and their errors name key and value") {
   const auto s = parse_collection_spec("tp=2,pp=2,dp=2,devices=0:4:1:5:2-3:6-7,partition=3/5,packing=fused");
   CHECK(s.layout.tp == 2);

@@ -63,14 +63,18 @@ constexpr std::uint64_t kOverhead = 2ull << 30;
 struct Shape {
   double H, I, L, nh, nkv, hd, V;
   bool tied;
+  double labels;  ///< rows of a score head (value and reward models); 0: a language-model head
   explicit Shape(const ModelConfig& m)
       : H(static_cast<double>(m.hidden)), I(static_cast<double>(m.intermediate)), L(static_cast<double>(m.layers)),
         nh(static_cast<double>(m.heads)), nkv(static_cast<double>(m.kv_heads)), hd(static_cast<double>(m.head_dim)),
-        V(static_cast<double>(m.vocab)), tied(m.tied_embeddings) {}
+        V(static_cast<double>(m.vocab)), tied(m.tied_embeddings), labels(static_cast<double>(m.score_labels)) {}
+  /// Output rows a GPU of tensor rank group tp computes: the vocabulary split by TP, or a
+  /// score head's labels, replicated.
+  double out_rows(int tp) const { return labels > 0 ? labels : V / tp; }
   /// Weights of one layer's matrix multiplies.
   double layer_linear() const { return H * nh * hd * 2 + 2 * H * nkv * hd + 3 * H * I; }
   /// Matrix-multiply weights a token passes through (layers and the output projection).
-  double linear() const { return L * layer_linear() + V * H; }
+  double linear() const { return L * layer_linear() + out_rows(1) * H; }
   /// KV heads a GPU of tensor rank group tp holds (replicated when tp > nkv).
   double kv_heads(int tp) const { return std::max(1.0, nkv / tp); }
   /// Elements one layer puts on one GPU.
@@ -79,10 +83,10 @@ struct Shape {
   /// (first stage) and output projection (last stage), both on one GPU when pp = 1.
   double busiest_elements(int tp, int pp) const {
     const double layers = std::ceil(L / pp);
-    const double vocab = V * H / tp;
-    return layers * layer_elements(tp) + (pp == 1 ? 2 * vocab : vocab) + H;
+    const double embed = V * H / tp, head = out_rows(tp) * H;
+    return layers * layer_elements(tp) + (pp == 1 ? embed + head : std::max(embed, head)) + H;
   }
-  double params() const { return L * (layer_linear() + 2 * H) + V * H * (tied ? 1 : 2) + H; }
+  double params() const { return L * (layer_linear() + 2 * H) + V * H + (labels > 0 ? labels * H : tied ? 0 : V * H) + H; }
 };
 
 /// A ring all-reduce of `bytes` over n GPUs: latency plus 2(n−1)/n of the bytes.
@@ -193,7 +197,7 @@ StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const
   // bf16 params; training adds bf16 grads, fp32 master weights and Adam moments.
   out.resident = static_cast<std::uint64_t>(m.busiest_elements(c.tp, c.pp) * (train ? 16.0 : 2.0));
   const double layers = std::ceil(m.L / c.pp);
-  const double logits = T * m.V / c.tp * 4.0;
+  const double logits = T * m.out_rows(c.tp) * 4.0;
   double transient = 0;
   switch (stage.kind) {
     case StageKind::generate:

@@ -61,7 +61,13 @@ JobSpec parse_job(std::string_view text, std::string_view origin) {
     auto it = models.find(role);
     if (it == models.end())
       throw Error(std::string(origin) + ": algorithm " + alg + " needs models." + role);
-    if (!it->is_string()) throw Error(std::string(origin) + ": models." + role + " must be a model path or preset name");
+    if (!it->is_string())
+      throw Error(std::string(origin) + ": models." + role + " must be a model path or preset name" +
+                  (role == "reward" ? " (or \"rule\" for a verifiable reward)" : ""));
+    if (role == "reward" && it->get<std::string>() == "rule") {  // computed by the framework, no model
+      job.rule_reward = true;
+      continue;
+    }
     try {
       job.models.emplace_back(role, load_model(it->get<std::string>()));
     } catch (const Error& e) {

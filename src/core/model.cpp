@@ -1,5 +1,8 @@
 #include "nereus/core/model.hpp"
 
+#include <optional>
+#include <utility>
+
 #include "json_fields.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/core/presets.hpp"
@@ -19,27 +22,55 @@ std::string_view to_string(Arch a) {
 
 namespace {
 
-Arch parse_arch(const json& j, std::string_view origin) {
+/// The architecture, and whether `architectures` names a score-head class.
+struct ArchClass {
+  Arch arch;
+  bool score = false;
+};
+
+ArchClass parse_arch(const json& j, std::string_view origin) {
+  static constexpr std::pair<const char*, Arch> kFamilies[] = {{"Llama", Arch::llama}, {"Qwen2", Arch::qwen2}, {"Qwen3", Arch::qwen3}};
+  static constexpr const char* kHeads[] = {"ForCausalLM", "ForTokenClassification", "ForSequenceClassification"};
+  std::optional<ArchClass> from_class;
+  if (auto a = j.find("architectures"); a != j.end() && a->is_array() && !a->empty() && (*a)[0].is_string()) {
+    const std::string cls = (*a)[0].get<std::string>();
+    for (const auto& [family, arch] : kFamilies)
+      for (const char* head : kHeads)
+        if (cls == std::string(family) + head) from_class = ArchClass{arch, head != kHeads[0]};
+    if (!from_class)
+      throw Error(std::string(origin) + ": unknown architecture '" + cls +
+                  "' (supported: Llama, Qwen2 and Qwen3 with ForCausalLM, ForTokenClassification or "
+                  "ForSequenceClassification)");
+  }
   std::string type;
   if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) throw Error(std::string(origin) + ": field 'model_type' must be a string");
     type = it->get<std::string>();
-  } else if (auto a = j.find("architectures"); a != j.end() && a->is_array() && !a->empty() &&
-                                                 (*a)[0].is_string()) {
-    const std::string cls = (*a)[0].get<std::string>();
-    if (cls == "LlamaForCausalLM") type = "llama";
-    else if (cls == "Qwen2ForCausalLM") type = "qwen2";
-    else if (cls == "Qwen3ForCausalLM") type = "qwen3";
-    else throw Error(std::string(origin) + ": unknown architecture '" + cls +
-                     "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+  } else if (from_class) {
+    return *from_class;
   } else {
     throw Error(std::string(origin) + ": missing required field 'model_type' (or 'architectures')");
   }
-  if (type == "llama") return Arch::llama;
-  if (type == "qwen2") return Arch::qwen2;
-  if (type == "qwen3") return Arch::qwen3;
-  throw Error(std::string(origin) + ": unknown architecture '" + type +
-              "' in 'model_type' (supported: llama, qwen2, qwen3)");
+  Arch arch;
+  if (type == "llama") arch = Arch::llama;
+  else if (type == "qwen2") arch = Arch::qwen2;
+  else if (type == "qwen3") arch = Arch::qwen3;
+  else
+    throw Error(std::string(origin) + ": unknown architecture '" + type +
+                "' in 'model_type' (supported: llama, qwen2, qwen3)");
+  return {arch, from_class && from_class->score};
+}
+
+/// num_labels, or the length of id2label; 1 when neither is given.
+std::int64_t parse_labels(const json& j, std::string_view origin) {
+  if (j.contains("num_labels") && !j["num_labels"].is_null()) {
+    const std::int64_t n = detail::integer_field(j, "num_labels", origin);
+    if (n < 1) throw Error(std::string(origin) + ": field 'num_labels' must be at least 1");
+    return n;
+  }
+  if (auto it = j.find("id2label"); it != j.end() && it->is_object() && !it->empty())
+    return static_cast<std::int64_t>(it->size());
+  return 1;
 }
 
 DType parse_dtype(const json& j, std::string_view origin) {
@@ -59,7 +90,8 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view orig
   const json j = detail::parse_json(json_text, origin);
   if (!j.is_object()) throw Error(std::string(origin) + ": expected a JSON object");
   ModelConfig c;
-  c.arch = parse_arch(j, origin);
+  const ArchClass ac = parse_arch(j, origin);
+  c.arch = ac.arch;
   c.hidden = detail::integer_field(j, "hidden_size", origin);
   c.intermediate = detail::integer_field(j, "intermediate_size", origin);
   c.layers = detail::integer_field(j, "num_hidden_layers", origin);
@@ -80,7 +112,9 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view orig
   if (c.kv_heads > c.heads || c.heads % c.kv_heads != 0)
     throw Error(std::string(origin) + ": num_key_value_heads " + std::to_string(c.kv_heads) +
                 " must divide num_attention_heads " + std::to_string(c.heads));
-  c.tied_embeddings = detail::bool_field(j, "tie_word_embeddings", false, origin);
+  // A score head never ties (it has no lm_head to tie).
+  c.tied_embeddings = !ac.score && detail::bool_field(j, "tie_word_embeddings", false, origin);
+  c.score_labels = ac.score ? parse_labels(j, origin) : 0;
   c.qkv_bias = c.arch == Arch::qwen2 ||
                (c.arch == Arch::llama && detail::bool_field(j, "attention_bias", false, origin));
   c.qk_norm = c.arch == Arch::qwen3;
@@ -134,7 +168,8 @@ ModelSpec::ModelSpec(std::string name, ModelConfig config)
     }
   }
   add("model.norm.weight", K::final_norm, -1, 1, H, 0);
-  if (!c.tied_embeddings) add("lm_head.weight", K::lm_head, -1, 2, c.vocab, H);
+  if (c.score_labels > 0) add("score.weight", K::score, -1, 2, c.score_labels, H);
+  else if (!c.tied_embeddings) add("lm_head.weight", K::lm_head, -1, 2, c.vocab, H);
 }
 
 std::optional<TensorId> ModelSpec::find(TensorKind kind, std::int32_t layer) const {
@@ -142,7 +177,10 @@ std::optional<TensorId> ModelSpec::find(TensorKind kind, std::int32_t layer) con
     case TensorKind::embed: return 0;
     case TensorKind::final_norm: return static_cast<TensorId>(1 + config_.layers * layer_kinds_.size());
     case TensorKind::lm_head:
-      if (config_.tied_embeddings) return std::nullopt;
+      if (config_.tied_embeddings || config_.score_labels > 0) return std::nullopt;
+      return static_cast<TensorId>(2 + config_.layers * layer_kinds_.size());
+    case TensorKind::score:
+      if (config_.score_labels == 0) return std::nullopt;
       return static_cast<TensorId>(2 + config_.layers * layer_kinds_.size());
     default: break;
   }

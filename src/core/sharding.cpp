@@ -44,7 +44,7 @@ std::int64_t slab_width(const TensorInfo& t) {
 bool stage_holds(const ModelConfig& m, const Layout& l, int s, const TensorInfo& t) {
   switch (t.kind) {
     case TensorKind::embed: return s == 0 || (m.tied_embeddings && s == l.pp - 1);
-    case TensorKind::final_norm: case TensorKind::lm_head: return s == l.pp - 1;
+    case TensorKind::final_norm: case TensorKind::lm_head: case TensorKind::score: return s == l.pp - 1;
     default: return l.stage_of(t.layer, m.layers) == s;
   }
 }

@@ -51,16 +51,16 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
   }
   for (const Emu& u : target.units) target_layout.push_back(layout_index(u.layout));
   ranges_.resize(layouts.size());
-  std::array<const TensorInfo*, 17> rep{};
+  std::array<const TensorInfo*, kTensorKinds> rep{};
   for (const TensorInfo& t : model_->tensors())
     if (!rep[static_cast<int>(t.kind)]) rep[static_cast<int>(t.kind)] = &t;
   for (std::size_t li = 0; li < layouts.size(); ++li)
-    for (int k = 0; k < 17; ++k)
+    for (int k = 0; k < kTensorKinds; ++k)
       if (rep[k])
         for (int r = 0; r < layouts[li].tp; ++r)
           ranges_[li][k].push_back(tp_range(cfg, *rep[k], layouts[li].tp, r));
 
-  // Templates: embedding, layer groups × kinds, final norm, lm_head.
+  // Templates: embedding, layer groups × kinds, final norm, lm_head or score.
   auto stage_sets = [&](const TensorInfo& t) {
     std::vector<StageSet> sets(layouts.size());
     for (std::size_t li = 0; li < layouts.size(); ++li)
@@ -91,6 +91,7 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
     }
   single(*model_->find(TensorKind::final_norm));
   if (auto head = model_->find(TensorKind::lm_head)) single(*head);
+  if (auto score = model_->find(TensorKind::score)) single(*score);
 
   // Slot groups: optimizer slots can only come from training sources.
   const DType dt = cfg.dtype;

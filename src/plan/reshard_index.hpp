@@ -83,7 +83,7 @@ class ReshardIndex {
   DeviceId max_device = 0;  ///< largest device id of sources and target
 
  private:
-  std::vector<std::array<std::vector<Range>, 17>> ranges_;
+  std::vector<std::array<std::vector<Range>, kTensorKinds>> ranges_;
   std::uint16_t layout_index(const Layout& l);
 };
 

@@ -39,6 +39,9 @@ struct JobSpec {
   std::int64_t prompt_len = 0;
   std::int64_t max_response_len = 0;
   bool async = false;
+  /// `"reward": "rule"`: a verifiable reward the framework computes (RLVR); the job has no
+  /// reward model and no reward model-stage.
+  bool rule_reward = false;
 
   /// The model-stages of one step, grouped by phase: generation, then inference (the
   /// stages of a phase may run side by side on disjoint GPUs), then training.

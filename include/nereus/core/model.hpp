@@ -29,7 +29,10 @@ struct ModelConfig {
   std::int64_t kv_heads = 0;      ///< nkv
   std::int64_t head_dim = 0;      ///< hd
   std::int64_t vocab = 0;         ///< V
-  bool tied_embeddings = false;
+  bool tied_embeddings = false;   ///< never with a score head
+  /// num_labels of a score head (`...ForTokenClassification` / `...ForSequenceClassification`:
+  /// value and reward models); 0 for a language-model head.
+  std::int64_t score_labels = 0;
   bool qkv_bias = false;  ///< qwen2 always; llama with attention_bias
   bool qk_norm = false;   ///< qwen3
   DType dtype = DType::bf16;
@@ -43,8 +46,10 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view orig
 /// What a tensor is; decides its TP rule and its pipeline stage.
 enum class TensorKind : std::uint8_t {
   embed, input_norm, q, q_bias, k, k_bias, v, v_bias, q_norm, k_norm, o, post_norm,
-  gate, up, down, final_norm, lm_head
+  gate, up, down, final_norm, lm_head, score
 };
+/// How many TensorKinds there are (arrays indexed by kind).
+inline constexpr int kTensorKinds = static_cast<int>(TensorKind::score) + 1;
 
 /// One Hugging Face tensor: name, kind, layer (-1 outside layers) and shape.
 struct TensorInfo {
@@ -60,7 +65,7 @@ struct TensorInfo {
 using TensorId = std::uint32_t;
 
 /// A model: its config and the tensor list of sharding.md, in a fixed order
-/// (embedding, each layer in order, final norm, lm_head).
+/// (embedding, each layer in order, final norm, then lm_head or a score head's score).
 class ModelSpec {
  public:
   ModelSpec(std::string name, ModelConfig config);
@@ -82,7 +87,7 @@ class ModelSpec {
   ModelConfig config_;
   std::vector<TensorInfo> tensors_;
   std::vector<TensorKind> layer_kinds_;
-  std::array<std::int32_t, 17> kind_slot_{};  // position of a per-layer kind in a layer, -1 if absent
+  std::array<std::int32_t, kTensorKinds> kind_slot_{};  // position of a per-layer kind in a layer, -1 if absent
   std::unordered_map<std::string, TensorId> by_name_;
 };
 
