@@ -4,8 +4,10 @@
 // Two cases, each on a fresh job:
 // - disjoint: the transition extends the reference to a second replica on 5 and reshards
 //   the reward to tp=2 on 6-7, devices the stage does not use;
-// - shared: the same changes land on devices 0-2, where the stage runs; the job runtime
-//   holds a build back while a stage runs on its devices (JobOptions::avoid_busy).
+// - shared: the same changes land on devices 0, 1 and 2, where the stage runs. The
+//   transition begins first, so its builds are under way when the stage claims the
+//   devices and copy beside it, contending for memory bandwidth and cores; a build not yet
+//   started would wait for the stage (JobOptions::avoid_busy).
 // Measured per repetition: the transition alone, the stage work alone (a fixed amount of
 // work sized to about twice the transition), and both together; exposed = together −
 // stage alone, reported against the transition alone.
