@@ -5,7 +5,6 @@
 #include "nereus/base/device.hpp"
 #include "nereus/base/device_id.hpp"
 #include "nereus/base/error.hpp"
-#include "nereus/base/stats.hpp"
 #include "nereus/base/status.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/channel.hpp"

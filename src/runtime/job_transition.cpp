@@ -10,16 +10,10 @@
 
 namespace nereus {
 
-namespace {
-
-std::vector<std::vector<UnitId>> no_units(std::size_t n) { return std::vector<std::vector<UnitId>>(n); }
-
-}  // namespace
-
 TransitionRun::TransitionRun(std::shared_ptr<JobState> j, TransitionGraph g, std::int64_t effective)
     : job(std::move(j)), graph(std::move(g)), effective_step(effective), done(job->ex),
       run_(*this, graph, [&] {
-        std::vector<std::vector<UnitId>> olds = no_units(graph.stages.size());
+        std::vector<std::vector<UnitId>> olds(graph.stages.size());
         for (std::size_t i = 0; i < olds.size(); ++i)
           for (const UnitPtr& u : job->slots[i].units) olds[i].push_back(add(u));
         return olds;

@@ -1,8 +1,9 @@
 #include "nereus/runtime/participant.hpp"
 
+#include <algorithm>
 #include <set>
+#include <utility>
 
-#include "nereus/base/stats.hpp"
 
 #include "nereus/core/bytes.hpp"
 #include "nereus/base/error.hpp"
@@ -126,6 +127,15 @@ PreparedReshard prepare_reshard(const ReshardSpec& c) {
   std::vector<DeviceId> devices(all.begin(), all.end());
   return {model, {std::move(src)}, std::move(dst), std::move(plan), std::move(devices)};
 }
+
+namespace {
+
+std::pair<double, double> median_min(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front()};
+}
+
+}  // namespace
 
 nlohmann::json run_figures(const PreparedReshard& p, const std::vector<double>& secs, std::uint64_t copied) {
   const auto [median, min] = median_min(secs);

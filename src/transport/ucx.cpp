@@ -244,8 +244,6 @@ void UcxTransport::close_endpoints(std::chrono::milliseconds limit) {
 
 void UcxTransport::quarantine() { impl_->quarantined = true; }
 
-bool UcxTransport::quarantined() const { return impl_->quarantined; }
-
 // Waits for both loops to exit: they use the worker, which the destructor destroys (a
 // daemon runs many transitions in one event loop, so they must be gone, not just told).
 asio::awaitable<void> UcxTransport::shutdown() {

@@ -120,8 +120,6 @@ class GraphRun {
   bool stopped() const { return stopping_; }
   /// The unit a graph reference names now (0: a new unit not built yet).
   UnitId unit(const UnitRef& r) const { return (r.target ? news_ : olds_)[r.stage][r.unit]; }
-  /// Whether every build of the graph has been committed.
-  bool all_built() const { return builds_pending_ == 0; }
   double since() const;
 
  private:

@@ -9,9 +9,9 @@
 //   transport: owners declare their devices before their transport.
 // - The context holds the registrations (memh); the worker holds the endpoints (ours,
 //   and those UCX makes itself, e.g. to answer a peer's emulated gets); an endpoint holds
-//   the requests pending on it and the rkeys unpacked for it. Every request we post
-//   passes the memh of the registered region it reads or writes, so UCX registers nothing
-//   per request.
+//   the requests pending on it and the rkeys unpacked for it. A request whose local
+//   buffer lies in a registered region passes that region's memh, so UCX registers
+//   nothing for it.
 // - deregister_memory() only stops new requests from using a region; it stays mapped
 //   until the worker is gone, since requests already posted may still use it.
 // - shutdown() (on the event loop): our requests are cancelled and progressed until they
@@ -67,7 +67,6 @@ class UcxTransport final : public Transport {
   /// The owner aborted work that may involve a dead or frozen peer: never destroy the
   /// worker (see "Lifetimes" above).
   void quarantine();
-  bool quarantined() const;
 
   struct Impl;
 
