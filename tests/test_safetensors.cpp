@@ -1,6 +1,8 @@
 // Tensor lists from safetensors headers and index files, checked against configs.
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "test_util.hpp"
 
 #include <filesystem>
@@ -151,4 +153,36 @@ TEST_CASE("an index reads its shards when present, names alone otherwise") {
   CHECK_NOTHROW(check_checkpoint(*m, names));
   CHECK_FALSE(names.back().shape.has_value());
   fs::remove_all(dir);
+}
+
+TEST_CASE("safetensors: element conversion rounds to nearest even and keeps specials") {
+  auto to16 = [](DType t, float x) {
+    std::uint16_t h = 0;
+    convert_elements(DType::f32, reinterpret_cast<const std::byte*>(&x), t, reinterpret_cast<std::byte*>(&h), 1);
+    return h;
+  };
+  auto from16 = [](DType t, std::uint16_t h) {
+    float x = 0;
+    convert_elements(t, reinterpret_cast<const std::byte*>(&h), DType::f32, reinterpret_cast<std::byte*>(&x), 1);
+    return x;
+  };
+  CHECK(to16(DType::bf16, 1.0f) == 0x3f80);
+  CHECK(to16(DType::f16, 1.0f) == 0x3c00);
+  CHECK(to16(DType::f16, -2.0f) == 0xc000);
+  CHECK(to16(DType::f16, 65504.0f) == 0x7bff);
+  CHECK(to16(DType::f16, 65520.0f) == 0x7c00);          // rounds up to infinity
+  CHECK(to16(DType::f16, 0x1p-24f) == 0x0001);          // smallest subnormal
+  CHECK(to16(DType::f16, 0x1p-25f) == 0x0000);          // a tie rounds to even (zero)
+  CHECK(to16(DType::f16, 1.0f + 0x1p-11f) == 0x3c00);   // tie between 1 and 1+2^-10: even
+  CHECK(to16(DType::f16, 1.0f + 3 * 0x1p-11f) == 0x3c02);
+  CHECK(to16(DType::bf16, 1.0f + 0x1p-8f) == 0x3f80);   // tie: even
+  CHECK(to16(DType::bf16, 1.0f + 3 * 0x1p-8f) == 0x3f82);
+  CHECK(std::isnan(from16(DType::bf16, to16(DType::bf16, std::nanf("")))));
+  CHECK(std::isnan(from16(DType::f16, to16(DType::f16, std::nanf("")))));
+  // Every f16 value survives f16 → f32 → f16, and every bf16 value bf16 → f32 → bf16.
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const auto v = static_cast<std::uint16_t>(h);
+    if ((v & 0x7c00) != 0x7c00 || (v & 0x3ff) == 0) REQUIRE(to16(DType::f16, from16(DType::f16, v)) == v);
+    if ((v & 0x7f80) != 0x7f80 || (v & 0x7f) == 0) REQUIRE(to16(DType::bf16, from16(DType::bf16, v)) == v);
+  }
 }

@@ -1,5 +1,9 @@
 #include "nereus/core/safetensors.hpp"
 
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,7 +30,62 @@ std::optional<std::uint64_t> dtype_width(const std::string& d) {
   return it->second;
 }
 
-std::string expected_dtype(DType t) {
+std::string expected_dtype(DType t) { return safetensors_dtype(t); }
+
+float bf16_to_f32(std::uint16_t h) { return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16); }
+
+std::uint16_t f32_to_bf16(float f) {
+  const auto u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = (h & 0x8000u) << 16;
+  const int exp = (h >> 10) & 0x1f;
+  const std::uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) {  // zero or subnormal: mant · 2^-24
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | (static_cast<std::uint32_t>(exp + 112) << 23) | (mant << 13));
+}
+
+std::uint16_t f32_to_f16(float f) {
+  const auto u = std::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00;               // NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00;              // overflows to infinity after rounding
+  if (a < 0x38800000u) {                                   // subnormal or zero in f16
+    const float v = std::bit_cast<float>(a) * 0x1p24f;     // in units of 2^-24; exact in f32
+    return sign | static_cast<std::uint16_t>(std::nearbyint(v));  // default rounding: to nearest even
+  }
+  const std::uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // round the 13 dropped bits to nearest even
+  return sign | static_cast<std::uint16_t>((r - (112u << 23)) >> 13);
+}
+
+float load_element(DType t, const std::byte* p) {
+  if (t == DType::f32) return std::bit_cast<float>(std::array<std::byte, 4>{p[0], p[1], p[2], p[3]});
+  const auto h = static_cast<std::uint16_t>(static_cast<unsigned>(p[0]) | (static_cast<unsigned>(p[1]) << 8));
+  return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+void store_element(DType t, float v, std::byte* p) {
+  if (t == DType::f32) {
+    const auto b = std::bit_cast<std::array<std::byte, 4>>(v);
+    std::memcpy(p, b.data(), 4);
+    return;
+  }
+  const std::uint16_t h = t == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+  p[0] = static_cast<std::byte>(h & 0xff);
+  p[1] = static_cast<std::byte>(h >> 8);
+}
+
+}  // namespace
+
+std::string safetensors_dtype(DType t) {
   switch (t) {
     case DType::bf16: return "BF16";
     case DType::f16: return "F16";
@@ -35,7 +94,59 @@ std::string expected_dtype(DType t) {
   return "?";
 }
 
-}  // namespace
+std::optional<DType> parse_safetensors_dtype(const std::string& name) {
+  if (name == "BF16") return DType::bf16;
+  if (name == "F16") return DType::f16;
+  if (name == "F32") return DType::f32;
+  return std::nullopt;
+}
+
+void convert_elements(DType from, const std::byte* in, DType to, std::byte* out, std::size_t n) {
+  if (from == to) {
+    std::memcpy(out, in, n * width(from));
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) store_element(to, load_element(from, in + i * width(from)), out + i * width(to));
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& tensors) {
+  json header = json::object();
+  std::uint64_t offset = 0;
+  std::vector<std::uint64_t> sizes;
+  for (const auto& t : tensors) {
+    std::uint64_t n = width(t.dtype);
+    for (std::int64_t d : t.shape) n *= static_cast<std::uint64_t>(d);
+    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    sizes.push_back(n);
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error("cannot create '" + tmp + "'");
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  std::vector<std::byte> buf;
+  try {
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      buf.assign(sizes[i], std::byte{0});
+      tensors[i].write(buf.data(), buf.size());
+      out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+    }
+    out.close();
+    if (!out) throw Error("cannot write '" + tmp + "' (disk full?)");
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw Error("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+}
 
 std::vector<CheckpointTensor> read_safetensors_header(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -62,7 +173,7 @@ std::vector<CheckpointTensor> read_safetensors_header(const std::string& path) {
     if (it.key() == "__metadata__") continue;
     const std::string where = path + ": tensor '" + it.key() + "'";
     const json& e = it.value();
-    CheckpointTensor t{it.key(), detail::string_field(e, "dtype", where), std::vector<std::int64_t>{}, path};
+    CheckpointTensor t{it.key(), detail::string_field(e, "dtype", where), std::vector<std::int64_t>{}, path, 0};
     const auto width = dtype_width(*t.dtype);
     if (!width) throw Error(where + ": unknown dtype '" + *t.dtype + "'");
     const json& shape = detail::field(e, "shape", where);
@@ -86,6 +197,7 @@ std::vector<CheckpointTensor> read_safetensors_header(const std::string& path) {
     if (en - b != elements * *width)
       throw Error(where + ": data_offsets span " + std::to_string(en - b) + " bytes but shape and dtype need " +
                   std::to_string(elements * *width));
+    t.offset = 8 + n + b;
     out.push_back(std::move(t));
   }
   return out;

@@ -28,28 +28,60 @@ DeviceBuffer JobState::allocate(DeviceId d, std::size_t bytes, const std::string
     throw Error("device " + std::to_string(d) + " is not one of the job's " + std::to_string(devices.size()) + " devices");
   Device& dev = *devices[static_cast<std::size_t>(d)];
   const std::size_t rounded = (bytes + 255) / 256 * 256;
-  if (dev.used() + rounded > budget) {
+  const std::uint64_t in_use = used(d);
+  if (in_use + rounded > budget) {
     ++cap_violations;
     throw Error("device " + std::to_string(d) + ": " + what + " needs " + human_bytes(bytes) + " but only " +
-                human_bytes(budget > dev.used() ? budget - dev.used() : 0) + " of its " + human_bytes(budget) +
+                human_bytes(budget > in_use ? budget - in_use : 0) + " of its " + human_bytes(budget) +
                 " budget is free");
   }
   return dev.allocate(bytes, what);
 }
 
-UnitPtr JobState::allocate_unit(std::size_t stage, const Emu& e) {
+UnitPtr JobState::allocate_unit(std::size_t stage, const Emu& e, int adopt_as) {
   auto u = std::make_shared<LiveUnit>();
   u->emu = e;
-  const Collection one{stages[stage].model, stages[stage].name(), stages[stage].kind == StageKind::train, {e}};
+  const ModelStage& st = stages[stage];
+  const Collection one{st.model, st.name(), st.kind == StageKind::train, {e}};
   u->buffers = collection_buffers(one, 0, e.gpus);
-  for (const BufferSpec& b : u->buffers)
-    u->memory.push_back(allocate(b.key.device, b.bytes(),
-                                 stages[stage].name() + " " + buffer_name(*stages[stage].model, b.key.buffer, b.packing) +
-                                     "@" + std::string(to_string(b.key.slot))));
+  for (const BufferSpec& b : u->buffers) {
+    const std::string name = buffer_name(*st.model, b.key.buffer, b.packing);
+    const std::string what = st.name() + " " + name + "@" + std::string(to_string(b.key.slot));
+    const AdoptedBuffer* framework = nullptr;
+    for (std::size_t k = 0; adopt_as >= 0 && k < options.adopt.size(); ++k) {
+      const AdoptedBuffer& a = options.adopt[k];
+      if (a.model_stage == st.name() && a.replica == adopt_as && a.device == b.key.device && a.buffer == name &&
+          a.slot == b.key.slot) {
+        framework = &a;
+        adoption_used[k] = 1;
+        break;
+      }
+    }
+    if (!framework) {
+      u->memory.push_back(allocate(b.key.device, b.bytes(), what));
+      continue;
+    }
+    if (framework->data == nullptr || framework->bytes < b.bytes())
+      throw Error("adopted memory for replica " + std::to_string(adopt_as) + " " + what + " on device " +
+                  std::to_string(b.key.device) + " holds " + human_bytes(framework->bytes) + " but the buffer needs " +
+                  human_bytes(b.bytes()));
+    if (reinterpret_cast<std::uintptr_t>(framework->data) % width(b.dtype) != 0)
+      throw Error("adopted memory for " + what + " is not aligned to its " + std::to_string(width(b.dtype)) + "-byte elements");
+    const auto d = static_cast<std::size_t>(b.key.device);
+    if (used(b.key.device) + framework->bytes > budget) {
+      ++cap_violations;
+      throw Error("device " + std::to_string(b.key.device) + ": adopted " + what + " (" + human_bytes(framework->bytes) +
+                  ") does not fit its " + human_bytes(budget) + " budget");
+    }
+    adopted[d] += framework->bytes;
+    u->memory.push_back(DeviceBuffer::borrow(framework->data, framework->bytes));
+  }
   return u;
 }
 
 void JobState::free_unit(LiveUnit& u) {
+  for (std::size_t b = 0; b < u.memory.size(); ++b)
+    if (u.memory[b].borrowed()) adopted[static_cast<std::size_t>(u.buffers[b].key.device)] -= u.memory[b].size();
   u.memory.clear();
   u.freed = true;
 }
@@ -122,6 +154,8 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
   s.stages = model_stages(s.spec);
   for (int d = 0; d < s.options.devices; ++d) s.devices.push_back(make_device({MemoryKind::host, d, s.options.capacity}));
   s.busy.assign(s.devices.size(), 0);
+  s.adopted.assign(s.devices.size(), 0);
+  s.adoption_used.assign(s.options.adopt.size(), 0);
   if (s.options.transport) {
     s.transport = s.options.transport;
   } else {
@@ -135,13 +169,20 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
     slot.stage = s.stages[i];
     slot.state = initial_stage_state(s.stages[i].name(), batch, cols[i].dp(), s.options.max_micro_batch, s.options.seed);
     s.slots.push_back(std::move(slot));
-    for (const Emu& e : cols[i].units) {
-      UnitPtr u = s.allocate_unit(i, e);
+    for (std::size_t r = 0; r < cols[i].units.size(); ++r) {
+      UnitPtr u = s.allocate_unit(i, cols[i].units[r], static_cast<int>(r));
       if (s.options.fill)
         for (std::size_t b = 0; b < u->buffers.size(); ++b) fill_buffer(*s.stages[i].model, u->buffers[b], u->memory[b].data());
       s.slots[i].units.push_back(std::move(u));
     }
   }
+  for (std::size_t k = 0; k < s.options.adopt.size(); ++k)
+    if (!s.adoption_used[k]) {
+      const AdoptedBuffer& a = s.options.adopt[k];
+      throw Error("adopt: the initial plan has no buffer '" + a.buffer + "@" + std::string(to_string(a.slot)) +
+                  "' on device " + std::to_string(a.device) + " in replica " + std::to_string(a.replica) + " of '" +
+                  a.model_stage + "'");
+    }
 }
 
 Job::~Job() {
@@ -168,7 +209,7 @@ GlobalPlan Job::plan() const {
 
 std::vector<DeviceUse> Job::devices() const {
   std::vector<DeviceUse> out;
-  for (const auto& d : s_->devices) out.push_back({d->id(), d->used(), d->peak(), s_->budget});
+  for (const auto& d : s_->devices) out.push_back({d->id(), s_->used(d->id()), d->peak() + s_->adopted[static_cast<std::size_t>(d->id())], s_->budget});
   return out;
 }
 
@@ -185,7 +226,7 @@ FillCheck Job::verify() const {
   return all;
 }
 
-asio::awaitable<void> Job::run_stage(std::string model_stage, StageWork work) {
+asio::awaitable<StageLease> Job::enter_stage(std::string model_stage) {
   auto s = s_;  // keeps the state alive across suspension
   const std::size_t i = s->index(model_stage);
   StageSlot& slot = s->slots[i];
@@ -210,59 +251,117 @@ asio::awaitable<void> Job::run_stage(std::string model_stage, StageWork work) {
       throw;
     }
   }
-  slot.running = true;
   // Mark devices busy, hold the units, allocate the workspace.
+  slot.running = true;
+  StageLease lease;
+  lease.s_ = s;
+  lease.stage_ = i;
+  lease.units_ = units;
+  for (const UnitPtr& u : units) {
+    ++u->in_use;
+    for (DeviceId d : u->emu.gpus) ++s->busy[static_cast<std::size_t>(d)];
+  }
   const std::uint64_t ws = [&] {
     for (const auto& [name, bytes] : s->options.workspace)
       if (name == model_stage) return bytes;
     return std::uint64_t{0};
   }();
-  std::vector<DeviceBuffer> workspace;
-  std::exception_ptr failure;
-  for (const UnitPtr& u : units) {
-    ++u->in_use;
-    for (DeviceId d : u->emu.gpus) ++s->busy[static_cast<std::size_t>(d)];
+  if (ws > 0)  // a throw here leaves through the lease's destructor
+    for (const UnitPtr& u : units)
+      for (DeviceId d : u->emu.gpus) lease.workspace_.push_back(s->allocate(d, ws, model_stage + " workspace"));
+  lease.ctx_.resize(units.size());
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    UnitContext& c = lease.ctx_[k];
+    c.stage_ = model_stage;
+    c.emu_ = &units[k]->emu;
+    c.replica_ = static_cast<int>(k);
+    c.state_ = &slot.state;
+    c.version_ = units[k]->version;
+    c.buffers_ = &units[k]->buffers;
+    for (auto& m : units[k]->memory) c.memory_.emplace_back(m.data(), m.size());
   }
-  try {
-    if (ws > 0)
-      for (const UnitPtr& u : units)
-        for (DeviceId d : u->emu.gpus) workspace.push_back(s->allocate(d, ws, model_stage + " workspace"));
-    std::vector<UnitContext> ctx(units.size());
-    auto ex = co_await asio::this_coro::executor;
-    AsyncScope scope(ex);
-    for (std::size_t k = 0; k < units.size(); ++k) {
-      UnitContext& c = ctx[k];
-      c.stage_ = model_stage;
-      c.emu_ = &units[k]->emu;
-      c.replica_ = static_cast<int>(k);
-      c.state_ = &slot.state;
-      c.version_ = units[k]->version;
-      c.buffers_ = &units[k]->buffers;
-      for (auto& m : units[k]->memory) c.memory_.emplace_back(m.data(), m.size());
-      scope.spawn(work(c));
-    }
-    co_await scope.join();
-  } catch (...) {
-    failure = std::current_exception();
+  co_return lease;
+}
+
+StageLease::StageLease(StageLease&& o) noexcept { *this = std::move(o); }
+
+StageLease& StageLease::operator=(StageLease&& o) noexcept {
+  if (this != &o) {
+    if (held()) leave(false);
+    s_ = std::move(o.s_);
+    o.s_.reset();
+    stage_ = o.stage_;
+    units_ = std::move(o.units_);
+    workspace_ = std::move(o.workspace_);
+    ctx_ = std::move(o.ctx_);
   }
-  workspace.clear();
-  for (const UnitPtr& u : units) {
+  return *this;
+}
+
+StageLease::~StageLease() {
+  if (held()) leave(false);
+}
+
+void StageLease::leave(bool completed) {
+  if (!s_) return;
+  auto s = std::move(s_);
+  s_.reset();
+  StageSlot& slot = s->slots[stage_];
+  workspace_.clear();
+  for (const UnitPtr& u : units_) {
     --u->in_use;
     for (DeviceId d : u->emu.gpus) --s->busy[static_cast<std::size_t>(d)];
   }
   slot.running = false;
   slot.claimed = false;
-  if (!failure) {
+  if (completed) {
     slot.ran_this_step = true;
     if (slot.stage.kind == StageKind::train) {
       ++slot.state.update_count;
       ++slot.state.policy_version;
-      for (const UnitPtr& u : units) u->version = slot.state.policy_version;
+      for (const UnitPtr& u : units_) u->version = slot.state.policy_version;
     }
   }
+  units_.clear();
+  ctx_.clear();
   s->free_retired();
   s->changed.notify();
+}
+
+asio::awaitable<void> Job::run_stage(std::string model_stage, StageWork work) {
+  StageLease lease = co_await enter_stage(std::move(model_stage));
+  std::exception_ptr failure;
+  try {
+    auto ex = co_await asio::this_coro::executor;
+    AsyncScope scope(ex);
+    for (UnitContext& c : lease.ctx_) scope.spawn(work(c));
+    co_await scope.join();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  lease.leave(!failure);
   if (failure) std::rethrow_exception(failure);
+}
+
+std::vector<ShardView> shard_views(const std::vector<BufferSpec>& buffers, std::span<const std::span<std::byte>> memory) {
+  std::vector<ShardView> out;
+  for (std::size_t b = 0; b < buffers.size(); ++b)
+    for (const BufferSpec::Part& p : buffers[b].parts)
+      out.push_back({buffers[b].key.device, p.tensor, buffers[b].key.slot, buffers[b].dtype, p.shard,
+                     memory[b].data() + static_cast<std::size_t>(p.base) * width(buffers[b].dtype)});
+  return out;
+}
+
+std::vector<UnitView> Job::units(std::string_view model_stage) const {
+  const StageSlot& slot = s_->slots[s_->index(model_stage)];
+  std::vector<UnitView> out;
+  for (std::size_t r = 0; r < slot.units.size(); ++r) {
+    const LiveUnit& u = *slot.units[r];
+    std::vector<std::span<std::byte>> mem;
+    for (const auto& m : u.memory) mem.emplace_back(m.data(), m.size());
+    out.push_back({static_cast<int>(r), u.emu, u.version, shard_views(u.buffers, mem)});
+  }
+  return out;
 }
 
 namespace {

@@ -47,6 +47,8 @@ class JobState : public std::enable_shared_from_this<JobState> {
   JobOptions options;
   std::vector<ModelStage> stages;
   std::vector<std::unique_ptr<Device>> devices;
+  std::vector<std::uint64_t> adopted;  ///< per device: bytes of framework memory backing live units
+  std::vector<char> adoption_used;     ///< per options.adopt entry
   std::uint64_t budget = 0;
   std::uint64_t cap_violations = 0;
   std::unique_ptr<LocalTransport> own_transport;
@@ -59,7 +61,10 @@ class JobState : public std::enable_shared_from_this<JobState> {
 
   std::size_t index(std::string_view model_stage) const;
   /// Allocates a unit's buffers; throws Error (counting a cap violation) over the budget.
-  UnitPtr allocate_unit(std::size_t stage, const Emu& e);
+  /// Replica `adopt_as` >= 0 takes the framework memory options.adopt names for it.
+  UnitPtr allocate_unit(std::size_t stage, const Emu& e, int adopt_as = -1);
+  /// Bytes in use on device d: its arena and adopted memory.
+  std::uint64_t used(DeviceId d) const { return devices[static_cast<std::size_t>(d)]->used() + adopted[static_cast<std::size_t>(d)]; }
   DeviceBuffer allocate(DeviceId d, std::size_t bytes, const std::string& what);
   void free_unit(LiveUnit& u);
   /// Whether a stage's old units are no longer needed by the current step.

@@ -33,9 +33,20 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer();
 
+  /// Memory no device owns (a framework's own tensor): used like an allocation, never
+  /// freed here; its owner keeps it alive while the buffer exists.
+  static DeviceBuffer borrow(std::byte* data, std::size_t size) {
+    DeviceBuffer b;
+    b.data_ = data;
+    b.size_ = size;
+    return b;
+  }
+
   std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }
   bool empty() const { return data_ == nullptr; }
+  /// Whether the memory is borrowed (no device arena holds it).
+  bool borrowed() const { return owner_ == nullptr && data_ != nullptr; }
 
  private:
   friend class Device;

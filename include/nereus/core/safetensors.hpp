@@ -2,11 +2,13 @@
 // Tensor lists from checkpoints: a safetensors header or a model.safetensors.index.json,
 // checked against the list a config implies.
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "nereus/core/dtype.hpp"
 #include "nereus/core/model.hpp"
 
 namespace nereus {
@@ -18,7 +20,29 @@ struct CheckpointTensor {
   std::optional<std::string> dtype;          ///< safetensors dtype, e.g. "BF16"
   std::optional<std::vector<std::int64_t>> shape;
   std::string file;                          ///< file that holds it
+  std::uint64_t offset = 0;                  ///< first data byte in the file (header read only)
 };
+
+/// safetensors dtype name of an element type ("BF16", "F16", "F32"), and back (nullopt
+/// for a dtype no slot has).
+std::string safetensors_dtype(DType t);
+std::optional<DType> parse_safetensors_dtype(const std::string& name);
+
+/// Converts n elements between element types (bf16 and f16 rounded to nearest even).
+void convert_elements(DType from, const std::byte* in, DType to, std::byte* out, std::size_t n);
+
+/// One tensor to write: name, element type, shape, and a function that writes its bytes
+/// (row-major, `bytes` long) into `out`.
+struct SafetensorsOut {
+  std::string name;
+  DType dtype;
+  std::vector<std::int64_t> shape;
+  std::function<void(std::byte* out, std::size_t bytes)> write;
+};
+
+/// Writes a .safetensors file one tensor at a time (memory: the largest tensor), to
+/// PATH.tmp then renamed, so a failure leaves no half-written PATH. Throws Error.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& tensors);
 
 /// Reads the header of one .safetensors file; throws Error on a malformed header or
 /// offsets that overrun the file.

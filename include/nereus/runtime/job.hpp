@@ -12,6 +12,10 @@
 //   TransitionReport r = co_await h.wait();
 //
 // Everything runs on one executor (one thread); copies run on the transport's threads.
+// A framework that computes on its own threads holds a stage with enter_stage() instead
+// of run_stage(), reads its units' shards as views (units()), and may back the initial
+// units with memory it already owns (JobOptions::adopt). Weights and checkpoints:
+// job_weights.cpp (docs/embedding.md).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "nereus/core/dtype.hpp"
 #include "nereus/core/global_plan.hpp"
 #include "nereus/core/stage_state.hpp"
 #include "nereus/plan/transition_graph.hpp"
@@ -29,6 +34,19 @@
 #include "nereus/runtime/unit_store.hpp"
 
 namespace nereus {
+
+/// Memory the framework owns that backs one buffer of one initial unit, instead of the
+/// device arena: Nereus reads and writes it in place and never frees it; it counts
+/// against the device's budget while the unit exists.
+struct AdoptedBuffer {
+  std::string model_stage;
+  int replica = 0;
+  DeviceId device = 0;
+  std::string buffer;  ///< buffer name (packing.hpp): the tensor's own name under hf packing
+  Slot slot = Slot::param;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;  ///< at least the buffer's size
+};
 
 struct JobOptions {
   int devices = 8;                 ///< host devices 0 .. devices−1 (the GPU pool)
@@ -45,6 +63,32 @@ struct JobOptions {
   unsigned copy_threads = 1;
   /// Moves bytes between devices; null: a local copy transport owned by the job.
   Transport* transport = nullptr;
+  /// Framework memory backing buffers of the initial plan's units; every entry must match
+  /// a buffer (Job's constructor throws Error naming the first that does not).
+  std::vector<AdoptedBuffer> adopt;
+};
+
+/// One tensor shard of one slot in a unit: a contiguous row-major block of `box`'s
+/// extents at `data`, valid until a transition destroys its unit.
+struct ShardView {
+  DeviceId device = 0;
+  TensorId tensor = 0;
+  Slot slot = Slot::param;
+  DType dtype = DType::bf16;
+  Box box;               ///< global element coordinates
+  std::byte* data = nullptr;
+  std::uint64_t bytes() const { return static_cast<std::uint64_t>(box.elements()) * width(dtype); }
+};
+
+/// The shard views of a unit's buffers (fused buffers yield one view per part).
+std::vector<ShardView> shard_views(const std::vector<BufferSpec>& buffers, std::span<const std::span<std::byte>> memory);
+
+/// A unit of a model-stage as the framework sees it between calls.
+struct UnitView {
+  int replica = 0;
+  Emu emu;
+  std::int64_t version = 0;
+  std::vector<ShardView> shards;  ///< every slot, buffer by buffer
 };
 
 /// What stage work sees of one unit.
@@ -59,6 +103,8 @@ class UnitContext {
   /// Buffers of the unit (sharding.md packing) with their memory.
   const std::vector<BufferSpec>& buffers() const { return *buffers_; }
   std::span<std::byte> memory(std::size_t buffer) const { return memory_[buffer]; }
+  /// The unit's shards, every slot.
+  std::vector<ShardView> shards() const { return shard_views(*buffers_, memory_); }
 
  private:
   friend class Job;
@@ -81,6 +127,33 @@ struct DeviceUse {
 };
 
 class TransitionRun;
+class JobState;
+struct LiveUnit;
+
+/// A model-stage held busy while the framework computes on its units (Job::enter_stage):
+/// transitions schedule their transfers around its devices until leave().
+class StageLease {
+ public:
+  StageLease() = default;
+  StageLease(StageLease&&) noexcept;
+  StageLease& operator=(StageLease&&) noexcept;
+  /// Leaves as failed when still held (call leave() on the job's executor instead).
+  ~StageLease();
+
+  const std::vector<UnitContext>& units() const { return ctx_; }
+  bool held() const { return s_ != nullptr; }
+  /// Frees the devices; `completed` counts the stage as run this step (a training stage's
+  /// units then hold the next policy version). Call on the job's executor.
+  void leave(bool completed = true);
+
+ private:
+  friend class Job;
+  std::shared_ptr<JobState> s_;
+  std::size_t stage_ = 0;
+  std::vector<std::shared_ptr<LiveUnit>> units_;
+  std::vector<DeviceBuffer> workspace_;
+  std::vector<UnitContext> ctx_;
+};
 
 /// A transition in flight: await it, or cancel it.
 class TransitionHandle {
@@ -98,8 +171,6 @@ class TransitionHandle {
  private:
   std::shared_ptr<TransitionRun> run_;
 };
-
-class JobState;
 
 class Job {
  public:
@@ -120,6 +191,11 @@ class Job {
   /// Waits for stages that share its devices, and — after a plan change — for exactly
   /// this model-stage's new units to be committed. Allocates its workspace meanwhile.
   asio::awaitable<void> run_stage(std::string model_stage, StageWork work);
+  /// The waiting and holding of run_stage() without the work: for a framework computing
+  /// on its own threads. Throws Error when the stage is already held.
+  asio::awaitable<StageLease> enter_stage(std::string model_stage);
+  /// The units of a model-stage in effect now, in replica order.
+  std::vector<UnitView> units(std::string_view model_stage) const;
   /// Ends the step (sync mode): weight sync from each training stage to its model's
   /// generation and inference stages; the next step starts.
   asio::awaitable<void> end_step();
@@ -137,6 +213,29 @@ class Job {
   std::vector<DeviceUse> devices() const;
   /// Allocations refused because they would have gone over a device's budget.
   std::uint64_t cap_violations() const;
+
+  // Weights and checkpoints (job_weights.cpp). Synchronous file I/O on the caller's
+  // thread, which must be the job's executor; call between steps, with no transition in
+  // flight and no stage held (Error otherwise). Nothing changes when one throws before
+  // the first byte is written into a unit.
+
+  /// Reads a checkpoint (a .safetensors file, or a model.safetensors.index.json with its
+  /// shard files) into the units of `what` — a model-stage, or a model's role ("actor")
+  /// for all its stages: param, and for training stages master (as f32) with zeroed Adam
+  /// moments. Each unit reads only its own boxes. Throws Error naming a missing tensor or a
+  /// shape that does not match.
+  void load_weights(std::string_view what, const std::string& path);
+  /// Writes one slot of a model-stage as a .safetensors file with the model's tensor
+  /// names, gathered from the boxes of replica 0 one tensor at a time.
+  void save_weights(std::string_view model_stage, const std::string& path, Slot slot = Slot::param) const;
+  /// Writes DIR/checkpoint.json (step, plan, each stage's state and unit versions) and
+  /// DIR/<stage>.<slot>.safetensors for every stage and slot, from replica 0 (DP replicas
+  /// hold the same state).
+  void save_checkpoint(const std::string& dir) const;
+  /// A job continued from save_checkpoint(DIR): its plan, every slot's bytes in every
+  /// replica, the step, states and versions. Throws Error when the checkpoint does not
+  /// belong to `spec` or does not fit the devices.
+  static std::unique_ptr<Job> resume(asio::any_io_executor ex, JobSpec spec, const std::string& dir, JobOptions options = {});
 
  private:
   std::shared_ptr<JobState> s_;

@@ -1,0 +1,301 @@
+// Weights in and out of a job's units: safetensors loaded box by box into every unit,
+// saved tensor by tensor from replica 0, and checkpoints that resume a run exactly.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "job_state.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/core/bytes.hpp"
+#include "nereus/core/presets.hpp"
+#include "nereus/core/safetensors.hpp"
+
+namespace nereus {
+
+namespace {
+
+using json = nlohmann::json;
+
+/// The bytes a box covers in a row-major tensor of `shape`: runs of contiguous elements,
+/// as (first element in the tensor, element count), in the box's row-major order.
+template <class F>
+void for_each_run(const TensorInfo& t, const Box& box, F&& f) {
+  if (t.rank == 1) {
+    f(box.dims[0].lo, box.dims[0].size());
+    return;
+  }
+  const std::int64_t cols = t.shape[1];
+  const Range r = box.dims[0], c = box.dims[1];
+  if (c.lo == 0 && c.hi == cols) {  // whole rows: one run
+    f(r.lo * cols, r.size() * cols);
+    return;
+  }
+  for (std::int64_t row = r.lo; row < r.hi; ++row) f(row * cols + c.lo, c.size());
+}
+
+/// An open safetensors file; closes itself.
+class File {
+ public:
+  explicit File(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_ < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
+  }
+  ~File() { ::close(fd_); }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  void read(std::uint64_t offset, std::byte* out, std::size_t n) const {
+    while (n > 0) {
+      const ssize_t got = ::pread(fd_, out, n, static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) throw Error("cannot read '" + path_ + "' at byte " + std::to_string(offset));
+      out += got;
+      offset += static_cast<std::uint64_t>(got);
+      n -= static_cast<std::size_t>(got);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+/// A checkpoint's tensors by name, checked against the model, with their files open.
+struct Checkpoint {
+  std::map<std::string, CheckpointTensor> tensors;
+  std::map<std::string, std::unique_ptr<File>> files;
+
+  Checkpoint(const ModelSpec& m, const std::string& path) {
+    std::vector<CheckpointTensor> list = read_checkpoint_tensors(path);
+    for (const auto& t : list)
+      if (!t.dtype) throw Error(path + ": shard file '" + t.file + "' of tensor '" + t.name + "' is missing");
+    for (const auto& info : m.tensors()) {
+      auto it = std::find_if(list.begin(), list.end(), [&](const CheckpointTensor& t) { return t.name == info.name; });
+      if (it == list.end()) throw Error(path + " lacks tensor '" + info.name + "' of model " + m.name());
+      std::vector<std::int64_t> want(info.shape.begin(), info.shape.begin() + info.rank);
+      if (*it->shape != want)
+        throw Error(path + ": tensor '" + info.name + "' has shape " + json(*it->shape).dump() + " but the model has " +
+                    json(want).dump());
+      if (!parse_safetensors_dtype(*it->dtype))
+        throw Error(path + ": tensor '" + info.name + "' has dtype " + *it->dtype + "; BF16, F16 or F32 are read");
+      if (!files.contains(it->file)) files.emplace(it->file, std::make_unique<File>(it->file));
+      tensors.emplace(info.name, *it);
+    }
+  }
+
+  /// Reads `box` of tensor `info` into a contiguous block of element type `to` at `out`.
+  void read_box(const TensorInfo& info, const Box& box, DType to, std::byte* out, std::vector<std::byte>& scratch) const {
+    const CheckpointTensor& t = tensors.at(info.name);
+    const DType from = *parse_safetensors_dtype(*t.dtype);
+    const File& f = *files.at(t.file);
+    for_each_run(info, box, [&](std::int64_t first, std::int64_t n) {
+      const auto count = static_cast<std::size_t>(n);
+      const std::uint64_t at = t.offset + static_cast<std::uint64_t>(first) * width(from);
+      if (from == to) {
+        f.read(at, out, count * width(to));
+      } else {
+        scratch.resize(count * width(from));
+        f.read(at, scratch.data(), scratch.size());
+        convert_elements(from, scratch.data(), to, out, count);
+      }
+      out += count * width(to);
+    });
+  }
+};
+
+/// Writes one slot of `units` (replica 0 first; any replica holding a box will do) as a
+/// safetensors file of the model's tensors.
+void write_slot(const ModelSpec& m, const std::vector<UnitPtr>& units, Slot slot, const std::string& path) {
+  std::vector<SafetensorsOut> out;
+  for (TensorId id = 0; id < m.tensors().size(); ++id) {
+    const TensorInfo& info = m.tensor(id);
+    // The shards of replica 0 that tile this tensor (replicated shards: the first copy).
+    std::vector<ShardView> parts;
+    DType dtype = slot_dtype(slot, m.config().dtype);
+    const LiveUnit& u = *units.at(0);
+    std::vector<std::span<std::byte>> mem;
+    for (const auto& b : u.memory) mem.emplace_back(b.data(), b.size());
+    for (const ShardView& v : shard_views(u.buffers, mem))
+      if (v.tensor == id && v.slot == slot) parts.push_back(v);
+    if (parts.empty()) throw Error("save: replica 0 holds no " + std::string(to_string(slot)) + " of '" + info.name + "'");
+    dtype = parts[0].dtype;
+    std::vector<std::int64_t> shape(info.shape.begin(), info.shape.begin() + info.rank);
+    out.push_back({info.name, dtype, shape, [info, parts, dtype](std::byte* dst, std::size_t) {
+                     std::vector<Box> done;
+                     for (const ShardView& v : parts) {
+                       if (std::any_of(done.begin(), done.end(), [&](const Box& b) { return b == v.box; })) continue;
+                       done.push_back(v.box);
+                       const std::byte* src = v.data;
+                       for_each_run(info, v.box, [&](std::int64_t first, std::int64_t n) {
+                         const std::size_t bytes = static_cast<std::size_t>(n) * width(dtype);
+                         std::memcpy(dst + static_cast<std::size_t>(first) * width(dtype), src, bytes);
+                         src += bytes;
+                       });
+                     }
+                   }});
+  }
+  write_safetensors(path, out);
+}
+
+/// "actor/train" → "actor.train" (a file name).
+std::string file_stem(const std::string& stage) {
+  std::string s = stage;
+  std::replace(s.begin(), s.end(), '/', '.');
+  return s;
+}
+
+void check_idle(const JobState& s, std::string_view what) {
+  if (s.transition && !s.transition->finished) throw Error(std::string(what) + ": a transition is in flight; wait for it first");
+  for (const StageSlot& slot : s.slots)
+    if (slot.claimed) throw Error(std::string(what) + ": model-stage '" + slot.stage.name() + "' is running");
+}
+
+/// Reads every slot file of a checkpoint into the units of stage i.
+void load_slots(JobState& s, std::size_t i, const std::string& dir) {
+  const ModelStage& st = s.stages[i];
+  std::vector<std::byte> scratch;
+  std::map<Slot, std::unique_ptr<Checkpoint>> files;
+  for (const UnitPtr& u : s.slots[i].units)
+    for (std::size_t b = 0; b < u->buffers.size(); ++b) {
+      const BufferSpec& spec = u->buffers[b];
+      auto& f = files[spec.key.slot];
+      if (!f) f = std::make_unique<Checkpoint>(*st.model, dir + "/" + file_stem(st.name()) + "." + std::string(to_string(spec.key.slot)) + ".safetensors");
+      for (const BufferSpec::Part& p : spec.parts)
+        f->read_box(st.model->tensor(p.tensor), p.shard, spec.dtype,
+                    u->memory[b].data() + static_cast<std::size_t>(p.base) * width(spec.dtype), scratch);
+    }
+}
+
+}  // namespace
+
+void Job::load_weights(std::string_view what, const std::string& path) {
+  JobState& s = *s_;
+  check_idle(s, "load_weights");
+  std::vector<std::size_t> targets;
+  for (std::size_t i = 0; i < s.stages.size(); ++i)
+    if (s.stages[i].name() == what || s.stages[i].role == what) targets.push_back(i);
+  if (targets.empty()) s.index(what);  // throws, naming the model-stages
+  // Open and check everything before the first byte lands in a unit.
+  const Checkpoint ckpt(*s.stages[targets[0]].model, path);
+  std::vector<std::byte> scratch;
+  for (std::size_t i : targets) {
+    const ModelSpec& m = *s.stages[i].model;
+    for (const UnitPtr& u : s.slots[i].units)
+      for (std::size_t b = 0; b < u->buffers.size(); ++b) {
+        const BufferSpec& spec = u->buffers[b];
+        std::byte* base = u->memory[b].data();
+        if (spec.key.slot == Slot::exp_avg || spec.key.slot == Slot::exp_avg_sq) {
+          std::memset(base, 0, spec.bytes());
+          continue;
+        }
+        for (const BufferSpec::Part& p : spec.parts)  // param, and master as f32
+          ckpt.read_box(m.tensor(p.tensor), p.shard, spec.dtype, base + static_cast<std::size_t>(p.base) * width(spec.dtype), scratch);
+      }
+  }
+}
+
+void Job::save_weights(std::string_view model_stage, const std::string& path, Slot slot) const {
+  const JobState& s = *s_;
+  check_idle(s, "save_weights");
+  const std::size_t i = s.index(model_stage);
+  if (slot != Slot::param && s.stages[i].kind != StageKind::train)
+    throw Error("save_weights: '" + std::string(model_stage) + "' has only the param slot");
+  write_slot(*s.stages[i].model, s.slots[i].units, slot, path);
+}
+
+void Job::save_checkpoint(const std::string& dir) const {
+  const JobState& s = *s_;
+  check_idle(s, "save_checkpoint");
+  for (const StageSlot& slot : s.slots)
+    if (slot.ran_this_step)
+      throw Error("save_checkpoint: model-stage '" + slot.stage.name() + "' already ran in step " + std::to_string(s.step) +
+                  "; checkpoint between steps (after end_step)");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("save_checkpoint: cannot create '" + dir + "': " + ec.message());
+  json stages = json::object();
+  for (std::size_t i = 0; i < s.slots.size(); ++i) {
+    const StageSlot& slot = s.slots[i];
+    const StageState& st = slot.state;
+    json versions = json::array();
+    for (const UnitPtr& u : slot.units) versions.push_back(u->version);
+    stages[slot.stage.name()] = {{"model", s.stages[i].model->name()},
+                                 {"policy_version", st.policy_version},
+                                 {"update_count", st.update_count},
+                                 {"minibatch_position", st.minibatch_position},
+                                 {"dataloader_position", st.dataloader_position},
+                                 {"rng_seed", st.rng_seed},
+                                 {"global_batch", st.global_batch},
+                                 {"micro_batch", st.micro_batch},
+                                 {"accumulation_steps", st.accumulation_steps},
+                                 {"dp", st.dp},
+                                 {"unit_versions", versions}};
+    const std::vector<Slot> slots = s.stages[i].kind == StageKind::train
+                                        ? std::vector<Slot>(kTrainSlots.begin(), kTrainSlots.end())
+                                        : std::vector<Slot>{Slot::param};
+    for (Slot sl : slots)
+      write_slot(*s.stages[i].model, slot.units, sl, dir + "/" + file_stem(slot.stage.name()) + "." + std::string(to_string(sl)) + ".safetensors");
+  }
+  const json doc = {{"format", "nereus-checkpoint"}, {"version", 1}, {"step", s.step},
+                    {"plan", json::parse(to_json_text(plan()))}, {"stages", stages}};
+  // checkpoint.json last: a directory without it is not a checkpoint.
+  const std::string tmp = dir + "/checkpoint.json.tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << doc.dump(2) << "\n";
+    if (!out) throw Error("save_checkpoint: cannot write '" + tmp + "'");
+  }
+  std::filesystem::rename(tmp, dir + "/checkpoint.json", ec);
+  if (ec) throw Error("save_checkpoint: cannot write '" + dir + "/checkpoint.json': " + ec.message());
+}
+
+std::unique_ptr<Job> Job::resume(asio::any_io_executor ex, JobSpec spec, const std::string& dir, JobOptions options) {
+  const std::string meta = dir + "/checkpoint.json";
+  json doc;
+  try {
+    doc = json::parse(read_text_file(meta));
+  } catch (const json::exception& e) {
+    throw Error(meta + ": not a checkpoint (" + e.what() + ")");
+  }
+  if (doc.value("format", "") != "nereus-checkpoint" || doc.value("version", 0) != 1)
+    throw Error(meta + ": not a version 1 nereus checkpoint");
+  try {
+    const GlobalPlan plan = parse_global_plan(spec, doc.at("plan").dump(), meta);
+    options.fill = false;
+    auto job = std::make_unique<Job>(ex, std::move(spec), plan, std::move(options));
+    JobState& s = *job->s_;
+    for (std::size_t i = 0; i < s.slots.size(); ++i) {
+      const std::string name = s.stages[i].name();
+      if (!doc.at("stages").contains(name)) throw Error(meta + ": no state for model-stage '" + name + "'");
+      const json& j = doc.at("stages").at(name);
+      if (j.at("model").get<std::string>() != s.stages[i].model->name())
+        throw Error(meta + ": '" + name + "' was saved with model " + j.at("model").get<std::string>() + ", not " +
+                    s.stages[i].model->name());
+      StageState& st = s.slots[i].state;
+      st.policy_version = j.at("policy_version");
+      st.update_count = j.at("update_count");
+      st.minibatch_position = j.at("minibatch_position");
+      st.dataloader_position = j.at("dataloader_position");
+      st.rng_seed = j.at("rng_seed");
+      st.global_batch = j.at("global_batch");
+      st.micro_batch = j.at("micro_batch");
+      st.accumulation_steps = j.at("accumulation_steps");
+      st.dp = j.at("dp");
+      const json& versions = j.at("unit_versions");
+      if (versions.size() != s.slots[i].units.size())
+        throw Error(meta + ": '" + name + "' lists " + std::to_string(versions.size()) + " unit versions for " +
+                    std::to_string(s.slots[i].units.size()) + " units");
+      for (std::size_t r = 0; r < versions.size(); ++r) s.slots[i].units[r]->version = versions[r];
+      load_slots(s, i, dir);
+    }
+    s.step = doc.at("step");
+    return job;
+  } catch (const json::exception& e) {
+    throw Error(meta + ": " + e.what());
+  }
+}
+
+}  // namespace nereus

@@ -1,0 +1,334 @@
+// Embedding a job in a framework: shard views of the units, framework-owned memory as
+// units, stages held from the framework's threads, safetensors in and out, checkpoints
+// that resume a run bit for bit.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "nereus/core/packing.hpp"
+#include "nereus/core/safetensors.hpp"
+#include "nereus/runtime/job.hpp"
+#include "run_async.hpp"
+#include "test_util.hpp"
+
+using namespace nereus;
+using testing::error_of;
+using testing::has;
+using testing::run_on;
+
+namespace {
+
+const char* kPlanTp4 = R"({"actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
+  "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "reference/infer": "tp=2,pp=1,dp=1,devices=0-1", "reward/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "actor/train": "tp=4,pp=1,dp=1,devices=0-3", "critic/train": "tp=4,pp=1,dp=1,devices=4-7"})";
+const char* kPlanTp2Dp2 = R"({"actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
+  "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "reference/infer": "tp=2,pp=1,dp=1,devices=0-1", "reward/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "actor/train": "tp=2,pp=1,dp=2,devices=4-7", "critic/train": "tp=2,pp=1,dp=2,devices=0-3"})";
+const char* kPlanPp = R"({"actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
+  "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "reference/infer": "tp=2,pp=1,dp=1,devices=0-1", "reward/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "actor/train": "tp=1,pp=2,dp=2,devices=0-3", "critic/train": "tp=2,pp=2,dp=1,devices=4-7"})";
+
+JobOptions opts() {
+  JobOptions o;
+  o.devices = 8;
+  o.capacity = 64 << 20;
+  o.copy_threads = 1;
+  return o;
+}
+
+/// The value element `idx` of tensor t's slot s is given: exact in bf16, f16 and f32.
+float value(TensorId t, Slot s, std::int64_t idx, int salt = 0) {
+  const auto h = static_cast<std::uint64_t>(t) * 1000003u + static_cast<std::uint64_t>(s) * 7919u + static_cast<std::uint64_t>(salt) * 104729u;
+  return static_cast<float>(static_cast<int>((h + static_cast<std::uint64_t>(idx) * 97u) % 255u) - 127) / 16.0f;
+}
+
+/// Calls f(global element index, pointer to the element) over a shard view.
+template <class F>
+void each_element(const ModelSpec& m, const ShardView& v, F&& f) {
+  const TensorInfo& info = m.tensor(v.tensor);
+  const std::int64_t cols = info.rank == 1 ? 1 : info.shape[1];
+  const Range rows = v.box.dims[0];
+  const Range cs = info.rank == 1 ? Range{0, 1} : v.box.dims[1];
+  std::byte* p = v.data;
+  for (std::int64_t r = rows.lo; r < rows.hi; ++r)
+    for (std::int64_t c = cs.lo; c < cs.hi; ++c, p += width(v.dtype)) f(info.rank == 1 ? r : r * cols + c, p);
+}
+
+void write_values(const ModelSpec& m, const std::vector<UnitView>& units, int salt = 0) {
+  for (const UnitView& u : units)
+    for (const ShardView& v : u.shards)
+      each_element(m, v, [&](std::int64_t i, std::byte* p) {
+        const float x = value(v.tensor, v.slot, i, salt);
+        convert_elements(DType::f32, reinterpret_cast<const std::byte*>(&x), v.dtype, p, 1);
+      });
+}
+
+/// Number of elements that differ from value(); every shard of every unit is read by its box.
+std::int64_t wrong_values(const ModelSpec& m, const std::vector<UnitView>& units, int salt = 0) {
+  std::int64_t wrong = 0;
+  for (const UnitView& u : units)
+    for (const ShardView& v : u.shards)
+      each_element(m, v, [&](std::int64_t i, std::byte* p) {
+        float x = 0;
+        convert_elements(v.dtype, p, DType::f32, reinterpret_cast<std::byte*>(&x), 1);
+        wrong += x != value(v.tensor, v.slot, i, salt);
+      });
+  return wrong;
+}
+
+std::string temp_dir(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("nereus-embed-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+std::vector<std::byte> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("embed: shard views tile every tensor and slot; writes through them are what transitions move") {
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  Job job(io.get_executor(), spec, load_global_plan(spec, kPlanTp4), opts());
+  const ModelSpec& m = *spec.model("actor");
+  const auto units = job.units("actor/train");
+  REQUIRE(units.size() == 1);
+  // Every element of every (tensor, slot) is covered by the unit's boxes exactly tp times
+  // at most (replicated tensors) and at least once.
+  for (Slot s : kTrainSlots)
+    for (TensorId t = 0; t < m.tensors().size(); ++t) {
+      std::int64_t covered = 0;
+      for (const ShardView& v : units[0].shards)
+        if (v.tensor == t && v.slot == s) {
+          covered += v.box.elements();
+          CHECK(v.dtype == slot_dtype(s, m.config().dtype));
+        }
+      CHECK(covered >= m.tensor(t).elements());
+    }
+  write_values(m, units);
+  CHECK(wrong_values(m, job.units("actor/train")) == 0);
+  for (const char* plan : {kPlanTp2Dp2, kPlanPp, kPlanTp4}) {
+    CAPTURE(plan);
+    const TransitionReport r = run_on(io, job.transition(load_global_plan(spec, plan)));
+    REQUIRE(r.completed);
+    CHECK(wrong_values(m, job.units("actor/train")) == 0);
+  }
+  CHECK(has(error_of([&] { job.units("actor/nope"); }), "not a model-stage"));
+}
+
+TEST_CASE("embed: framework-owned memory backs units, is moved in place and counted") {
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  const GlobalPlan plan = load_global_plan(spec, kPlanTp4);
+  // What the framework holds: one vector per buffer of actor/train's param slot.
+  JobOptions probe = opts();
+  Job look(io.get_executor(), spec, plan, probe);
+  std::vector<std::vector<float>> owned;
+  JobOptions o = opts();
+  const ModelSpec& m = *spec.model("actor");
+  std::uint64_t adopted_bytes = 0;
+  for (const UnitView& u : look.units("actor/train"))
+    for (const ShardView& v : u.shards)
+      if (v.slot == Slot::param) {  // hf packing: one tensor per buffer
+        owned.emplace_back((v.bytes() + 3) / 4);
+        o.adopt.push_back({"actor/train", u.replica, v.device, m.tensor(v.tensor).name, Slot::param,
+                           reinterpret_cast<std::byte*>(owned.back().data()), owned.back().size() * 4});
+        adopted_bytes += owned.back().size() * 4;
+      }
+  Job job(io.get_executor(), spec, plan, o);
+  std::uint64_t used = 0;
+  for (const DeviceUse& d : job.devices()) used += d.used;
+  std::uint64_t look_used = 0;
+  for (const DeviceUse& d : look.devices()) look_used += d.used;
+  CHECK(used >= adopted_bytes);
+  std::size_t k = 0;
+  for (const ShardView& v : job.units("actor/train")[0].shards)
+    if (v.slot == Slot::param) CHECK(v.data == reinterpret_cast<std::byte*>(owned[k++].data()));
+  write_values(m, job.units("actor/train"));  // the framework writes its own tensors
+  REQUIRE(run_on(io, job.transition(load_global_plan(spec, kPlanTp2Dp2))).completed);
+  CHECK(wrong_values(m, job.units("actor/train")) == 0);
+  for (const ShardView& v : job.units("actor/train")[0].shards)  // the new units live in arenas
+    for (const auto& vec : owned) CHECK(v.data != reinterpret_cast<const std::byte*>(vec.data()));
+
+  JobOptions bad = opts();
+  bad.adopt.push_back({"actor/train", 0, 0, "model.nope.weight", Slot::param, reinterpret_cast<std::byte*>(owned[0].data()), 4});
+  CHECK(has(error_of([&] { Job(io.get_executor(), spec, plan, bad); }), "no buffer 'model.nope.weight@param' on device 0"));
+  bad.adopt[0].buffer = m.tensor(0).name;
+  CHECK(has(error_of([&] { Job(io.get_executor(), spec, plan, bad); }), "but the buffer needs"));
+}
+
+TEST_CASE("embed: a stage held from the framework's side lets a transition on other devices finish") {
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  Job job(io.get_executor(), spec, load_global_plan(spec, kPlanTp4), opts());
+  // The framework holds critic/infer (devices 2-3) while reference/infer changes layout on
+  // 0-1 (a model no stage trains, so nothing waits for this step's update).
+  StageLease lease = run_on(io, job.enter_stage("critic/infer"));  // devices 2-3
+  CHECK(lease.units().size() == 1);
+  CHECK(has(error_of([&] { run_on(io, job.enter_stage("critic/infer")); }), "already running"));
+  const GlobalPlan to = load_global_plan(spec, R"({"actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
+  "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "reference/infer": "tp=1,pp=1,dp=2,devices=0-1", "reward/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "actor/train": "tp=4,pp=1,dp=1,devices=0-3", "critic/train": "tp=4,pp=1,dp=1,devices=4-7"})");
+  TransitionHandle h = job.begin_transition(to);
+  const TransitionReport r = run_on(io, h.wait());  // while the lease is still held
+  CHECK(r.completed);
+  lease.leave();
+  CHECK(job.state("critic/infer").policy_version == 0);
+}
+
+TEST_CASE("embed: safetensors load into every unit's boxes and save back with the same names") {
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  const ModelSpec& m = *spec.model("actor");
+  const std::string dir = temp_dir("weights");
+  // A checkpoint the test writes: f32 values (exact in bf16), split over two files with an index.
+  std::vector<SafetensorsOut> first, second;
+  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  for (TensorId t = 0; t < m.tensors().size(); ++t) {
+    const TensorInfo& info = m.tensor(t);
+    std::vector<std::int64_t> shape(info.shape.begin(), info.shape.begin() + info.rank);
+    SafetensorsOut out{info.name, DType::f32, shape, [t](std::byte* p, std::size_t bytes) {
+                         for (std::size_t i = 0; i < bytes / 4; ++i) {
+                           const float x = value(t, Slot::param, static_cast<std::int64_t>(i));
+                           std::memcpy(p + 4 * i, &x, 4);
+                         }
+                       }};
+    const bool in_first = t % 2 == 0;
+    (in_first ? first : second).push_back(out);
+    index["weight_map"][info.name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  write_safetensors(dir + "/model-00001-of-00002.safetensors", first);
+  write_safetensors(dir + "/model-00002-of-00002.safetensors", second);
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+
+  Job job(io.get_executor(), spec, load_global_plan(spec, kPlanPp), opts());
+  job.load_weights("actor", dir + "/model.safetensors.index.json");
+  for (const char* stage : {"actor/generate", "actor/infer", "actor/train"})
+    for (const UnitView& u : job.units(stage))
+      for (const ShardView& v : u.shards)
+        each_element(m, v, [&](std::int64_t i, std::byte* p) {
+          float x = 0;
+          convert_elements(v.dtype, p, DType::f32, reinterpret_cast<std::byte*>(&x), 1);
+          const bool moment = v.slot == Slot::exp_avg || v.slot == Slot::exp_avg_sq;
+          if (x != (moment ? 0.0f : value(v.tensor, Slot::param, i))) {
+            FAIL_CHECK(stage << " " << m.tensor(v.tensor).name << "@" << to_string(v.slot) << " element " << i);
+            throw Error("stop");
+          }
+        });
+  // Saved from a pp=2 unit: the same tensors, names and values, in the model's dtype.
+  job.save_weights("actor/train", dir + "/out.safetensors");
+  job.save_weights("actor/train", dir + "/master.safetensors", Slot::master);
+  const auto header = read_safetensors_header(dir + "/out.safetensors");
+  CHECK(header.size() == m.tensors().size());
+  CHECK_NOTHROW(check_checkpoint(m, header));
+  Job back(io.get_executor(), spec, load_global_plan(spec, kPlanTp4), opts());
+  back.load_weights("actor/train", dir + "/out.safetensors");
+  CHECK(wrong_values(m, {back.units("actor/train")[0]}) > 0);  // moments are zero, not value()
+  std::int64_t wrong = 0;
+  for (const ShardView& v : back.units("actor/train")[0].shards)
+    if (v.slot == Slot::param || v.slot == Slot::master)
+      each_element(m, v, [&](std::int64_t i, std::byte* p) {
+        float x = 0;
+        convert_elements(v.dtype, p, DType::f32, reinterpret_cast<std::byte*>(&x), 1);
+        wrong += x != value(v.tensor, Slot::param, i);
+      });
+  CHECK(wrong == 0);
+  CHECK(read_safetensors_header(dir + "/master.safetensors")[0].dtype == "F32");
+
+  // Bad input: a missing tensor, a wrong shape, an unknown stage; nothing is half-loaded.
+  write_safetensors(dir + "/short.safetensors", {first[0]});
+  CHECK(has(error_of([&] { job.load_weights("actor", dir + "/short.safetensors"); }), "lacks tensor"));
+  SafetensorsOut wrong_shape = first[0];
+  wrong_shape.shape = {1, first[0].shape[0] * (first[0].shape.size() > 1 ? first[0].shape[1] : 1)};
+  write_safetensors(dir + "/shape.safetensors", {wrong_shape});
+  CHECK(has(error_of([&] { job.load_weights("actor", dir + "/shape.safetensors"); }), "has shape"));
+  CHECK(has(error_of([&] { job.load_weights("nobody", dir + "/out.safetensors"); }), "not a model-stage"));
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+/// A deterministic training step: every training unit's slots change as a function of
+/// the version it holds and the stage's seed, the same on every replica.
+asio::awaitable<void> train_step(Job& job) {
+  for (const auto& phase : job.spec().phases())
+    for (const ModelStage& s : phase)
+      co_await job.run_stage(s.name(), [&job](UnitContext& c) -> asio::awaitable<void> {
+        const ModelSpec& m = *job.spec().model(std::string(role_of(c.model_stage())));
+        if (c.model_stage().ends_with("/train")) {
+          std::mt19937_64 rng(c.state().rng_seed ^ static_cast<std::uint64_t>(c.version()));
+          const float step = static_cast<float>(rng() % 7) / 8.0f;
+          for (const ShardView& v : c.shards())
+            each_element(m, v, [&](std::int64_t i, std::byte* p) {
+              float x = 0;
+              convert_elements(v.dtype, p, DType::f32, reinterpret_cast<std::byte*>(&x), 1);
+              x = x * 0.5f + step + static_cast<float>(i % 3);
+              convert_elements(DType::f32, reinterpret_cast<const std::byte*>(&x), v.dtype, p, 1);
+            });
+        }
+        co_return;
+      });
+  co_await job.end_step();
+}
+
+}  // namespace
+
+TEST_CASE("embed: a checkpointed job resumes bit for bit") {
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  const std::string dir = temp_dir("ckpt");
+  Job job(io.get_executor(), spec, load_global_plan(spec, kPlanTp2Dp2), opts());
+  write_values(*spec.model("actor"), job.units("actor/train"));
+  write_values(*spec.model("critic"), job.units("critic/train"));
+  run_on(io, [&]() -> asio::awaitable<int> {
+    co_await train_step(job);
+    co_await job.transition(load_global_plan(spec, kPlanPp));
+    co_await train_step(job);
+    co_return 0;
+  }());
+  run_on(io, [&]() -> asio::awaitable<int> {
+    co_await job.run_stage("actor/generate", [](UnitContext&) -> asio::awaitable<void> { co_return; });
+    co_return 0;
+  }());
+  CHECK(has(error_of([&] { job.save_checkpoint(dir + "/x"); }), "already ran in step"));
+  run_on(io, [&]() -> asio::awaitable<int> { co_await job.end_step(); co_return 0; }());
+  job.save_checkpoint(dir + "/ckpt");
+  auto resumed = Job::resume(io.get_executor(), spec, dir + "/ckpt", opts());
+  CHECK(to_json_text(resumed->plan()) == to_json_text(job.plan()));
+  CHECK(resumed->step() == job.step());
+  for (const auto& [stage, _] : job.plan().stages) CHECK(resumed->state(stage) == job.state(stage));
+  run_on(io, [&]() -> asio::awaitable<int> {
+    for (Job* j : {&job, resumed.get()}) {
+      co_await train_step(*j);
+      co_await train_step(*j);
+    }
+    co_return 0;
+  }());
+  for (const auto& [stage, _] : job.plan().stages) {
+    CAPTURE(stage);
+    CHECK(resumed->state(stage) == job.state(stage));
+    const std::vector<Slot> slots = stage.ends_with("/train") ? std::vector<Slot>(kTrainSlots.begin(), kTrainSlots.end())
+                                                               : std::vector<Slot>{Slot::param};
+    for (Slot s : slots) {
+      job.save_weights(stage, dir + "/a.safetensors", s);
+      resumed->save_weights(stage, dir + "/b.safetensors", s);
+      CHECK(file_bytes(dir + "/a.safetensors") == file_bytes(dir + "/b.safetensors"));
+    }
+  }
+  CHECK(has(error_of([&] { Job::resume(io.get_executor(), spec, dir, opts()); }), "checkpoint.json"));
+  std::filesystem::remove_all(dir);
+}
