@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Installs the build into a temporary root (meson install --destdir), then builds the
-embedding example (examples/embed/reshard.cpp) out of tree with
-`pkg-config --cflags --libs nereus` alone, runs it, and checks its answer and its error
-on a bad layout. Usage: test_install.py BUILD_DIR SOURCE_DIR"""
+embedding examples (examples/embed/reshard.cpp and the C++ block of docs/embedding.md)
+out of tree with `pkg-config --cflags --libs nereus` alone, runs them, and checks their
+answers and an error on a bad layout; imports the installed Python module when it was
+built. Usage: test_install.py BUILD_DIR SOURCE_DIR"""
 import glob
+import re
 import os
 import shutil
 import subprocess
@@ -56,6 +58,37 @@ def main(build, source):
                            env=run_env, timeout=60)
         check(r.returncode == 2 and r.stderr.startswith("reshard: error: --from tp=3") and r.stderr.count("\n") == 1,
               "a bad layout gives one clear error: " + r.stderr.strip())
+
+        # The C++ example of docs/embedding.md.
+        doc = open(os.path.join(source, "docs", "embedding.md")).read()
+        blocks = re.findall(r"```cpp\n(.*?)```", doc, re.S)
+        check(len(blocks) == 1, "docs/embedding.md has one C++ example")
+        if blocks:
+            src = os.path.join(root, "doc_example.cpp")
+            with open(src, "w") as f:
+                f.write(blocks[0])
+            c = subprocess.run([cxx, "-std=c++20", src, "-o", exe + "-doc"] + flags.stdout.split(),
+                               capture_output=True, text=True, env=env)
+            check(c.returncode == 0, "the docs' C++ example builds" + ("" if c.returncode == 0 else ":\n" + c.stderr[-2000:]))
+            if c.returncode == 0:
+                r = subprocess.run([exe + "-doc"], capture_output=True, text=True, env=run_env, timeout=120)
+                check(r.returncode == 0 and "0 wrong bytes" in r.stdout, "the docs' C++ example runs: " + r.stdout.strip() + r.stderr.strip())
+
+        # The Python module, when this build has it.
+        inits = glob.glob(os.path.join(root, "**", "nereus", "__init__.py"), recursive=True)
+        built = glob.glob(os.path.join(build, "python", "nereus", "_nereus*.so"))
+        if built:
+            exts = glob.glob(os.path.join(root, "**", "nereus", "_nereus*.so"), recursive=True)
+            check(len(inits) == 1 and len(exts) == 1, "the Python module is installed: " + " ".join(inits + exts))
+            if inits:
+                py_env = dict(run_env, PYTHONPATH=os.path.dirname(os.path.dirname(inits[0])))
+                r = subprocess.run(["/usr/bin/python3", "-c",
+                                    "import nereus; print(nereus.Job('ppo-tiny', {s: 'tp=1,pp=1,dp=1,devices=0' for s in "
+                                    "['actor/generate', 'actor/infer', 'critic/infer', 'reference/infer', 'reward/infer', "
+                                    "'actor/train', 'critic/train']}, devices=1, capacity='256MiB').plan['actor/train'])"],
+                                   capture_output=True, text=True, env=py_env, timeout=120)
+                check(r.returncode == 0 and "tp=1" in r.stdout, "the installed module imports and runs a job: " +
+                      r.stdout.strip() + r.stderr.strip()[-800:])
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -39,6 +39,7 @@ Workload Controller::workload(const Signals& s) const {
 
 GlobalPlan Controller::initial(const Signals& s) {
   reference_ = s;
+  started_ = true;
   // A static plan must survive the longest responses the job allows: it is sized for them.
   Signals sized = s;
   if (options_.policy == Policy::fixed && job_.max_response_len > 0)
@@ -154,6 +155,30 @@ double Controller::horizon(const std::vector<std::string>& signals, long step) {
     h = std::min(h, it == horizon_.end() ? 1.0 : it->second);
   }
   return std::isfinite(h) ? h : 1.0;
+}
+
+Decision Controller::step(const GlobalPlan& current, const StepObservation& o) {
+  Signals ran = o.next;
+  if (o.response_len_mean > 0) ran.response_len_mean = o.response_len_mean;
+  if (o.response_len_p95 > 0) ran.response_len_p95 = o.response_len_p95;
+  const Workload w = workload(ran);
+  if (!started_) {
+    reference_ = ran;
+    reference_.gpus = o.next.gpus;
+    started_ = true;
+  }
+  const std::vector<ModelStage> stages = model_stages(job_);
+  for (const auto& [name, seconds] : o.stage_seconds) {
+    const auto it = std::find_if(stages.begin(), stages.end(), [&](const ModelStage& m) { return m.name() == name; });
+    if (it == stages.end()) throw Error("report_step: '" + name + "' is not a model-stage of this job");
+    if (!(seconds >= 0) || !std::isfinite(seconds))
+      throw Error("report_step: '" + name + "' took " + std::to_string(seconds) + " s; times are finite and >= 0");
+    const CollectionSpec* spec = current.find(name);
+    if (!spec) throw Error("report_step: the current plan has no '" + name + "'");
+    if (seconds > 0) measure(*it, candidate_of(*spec), w, seconds);
+  }
+  if (o.peak_bytes > 0) measure_memory(estimate_plan(model_, job_, current, w, options_.headroom).peak_memory_bytes, o.peak_bytes);
+  return decide(o.next, current);
 }
 
 Decision Controller::decide(const Signals& s, const GlobalPlan& current) {

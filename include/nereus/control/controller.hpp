@@ -68,6 +68,16 @@ struct Decision {
   GlobalPlan target;             ///< when admitted
 };
 
+/// What a running job measured in one step: the live controller's input (the embedding
+/// API's report_step).
+struct StepObservation {
+  Signals next;  ///< before the next step: its number, the pool, lengths and link slowdown seen
+  std::vector<std::pair<std::string, double>> stage_seconds;  ///< model-stage → measured seconds
+  /// Response lengths the step ran with (0: those in `next`), for its calibration.
+  double response_len_mean = 0, response_len_p95 = 0;
+  std::uint64_t peak_bytes = 0;  ///< busiest device's measured peak; 0 when not measured
+};
+
 class Controller {
  public:
   Controller(const JobSpec& job, const ClusterSpec& cluster, ControllerOptions options = {});
@@ -81,6 +91,12 @@ class Controller {
   /// After a step: the busiest GPU's measured peak against the cost model's prediction
   /// for it calibrates the memory estimate.
   void measure_memory(std::uint64_t predicted_peak, std::uint64_t measured_peak);
+  /// After a step of a live job on `current`: calibrates from what it measured, then
+  /// decides for the next step (the same calibration and admission the simulator runs).
+  /// A job that began on a plan of its own (no initial()) takes the first step's signals
+  /// as the references drift is measured against.
+  /// Throws Error naming a model-stage the job does not have or a negative time.
+  Decision step(const GlobalPlan& current, const StepObservation& o);
 
   const CostModel& model() const { return model_; }
   const Calibrator& calibrator() const { return calibrator_; }
@@ -101,6 +117,7 @@ class Controller {
   std::map<std::string, double> horizon_;    // H_x per signal
   std::map<std::string, long> last_cross_;   // step of the last crossing per signal
   long last_every_ = 0;
+  bool started_ = false;  ///< references set (initial() or the first step())
 };
 
 }  // namespace nereus

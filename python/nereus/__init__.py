@@ -1,0 +1,30 @@
+"""Nereus embedded in a Python RLHF framework (docs/embedding.md).
+
+Everything is the C++ extension `_nereus`; this file only adds the two conversions that
+need Python objects: a shard's memory as a torch tensor, and awaiting a transition under
+asyncio.
+"""
+import asyncio as _asyncio
+
+from ._nereus import Error, Job, Shard, Stage, Transition, Unit
+
+__all__ = ["Error", "Job", "Shard", "Stage", "Transition", "Unit"]
+
+
+def _shard_data(self):
+    """A torch tensor sharing the shard's memory (DLPack, zero-copy): writing it changes
+    what Nereus moves. Valid until a transition destroys the unit."""
+    import torch.utils.dlpack
+
+    return torch.utils.dlpack.from_dlpack(self)
+
+
+Shard.data = property(_shard_data)
+
+
+def _transition_await(self):
+    # wait() releases the GIL; run it on the loop's default executor.
+    return _asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+
+
+Transition.__await__ = _transition_await

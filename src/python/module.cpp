@@ -1,0 +1,344 @@
+// The `nereus._nereus` extension: conversions between Python and the C++ embedding API
+// (docs/embedding.md). Shards export their memory zero-copy through DLPack.
+#include <dlpack/dlpack.h>
+#include <pybind11/stl.h>
+
+#include "nereus/base/error.hpp"
+#include "nereus/core/model.hpp"
+#include "py_job.hpp"
+
+namespace nereus::python {
+
+namespace {
+
+/// One shard of one slot as Python sees it; keeps its job (and so the memory) alive.
+struct PyShard {
+  std::shared_ptr<PyJob> job;
+  ShardView view;
+  std::string tensor;
+  std::vector<std::int64_t> shape() const {
+    std::vector<std::int64_t> s;
+    for (int d = 0; d < view.box.rank; ++d) s.push_back(view.box.dims[static_cast<std::size_t>(d)].size());
+    return s;
+  }
+};
+
+struct PyUnit {
+  std::shared_ptr<PyJob> job;
+  std::string stage;
+  UnitView view;
+};
+
+/// What a DLPack consumer owns until it calls the deleter.
+struct Exported {
+  DLManagedTensor managed{};
+  std::shared_ptr<PyJob> job;
+  std::vector<std::int64_t> shape;
+};
+
+DLDataType dl_dtype(DType t) {
+  switch (t) {
+    case DType::bf16: return {kDLBfloat, 16, 1};
+    case DType::f16: return {kDLFloat, 16, 1};
+    case DType::f32: return {kDLFloat, 32, 1};
+  }
+  return {kDLFloat, 32, 1};
+}
+
+py::capsule to_dlpack(const PyShard& s) {
+  auto* e = new Exported;
+  e->job = s.job;
+  e->shape = s.shape();
+  DLTensor& t = e->managed.dl_tensor;
+  t.data = s.view.data;
+  t.device = {kDLCPU, 0};
+  t.ndim = static_cast<std::int32_t>(e->shape.size());
+  t.dtype = dl_dtype(s.view.dtype);
+  t.shape = e->shape.data();
+  t.strides = nullptr;  // compact row-major
+  t.byte_offset = 0;
+  e->managed.manager_ctx = e;
+  e->managed.deleter = [](DLManagedTensor* m) {
+    // torch may free a tensor on any thread, with or without the GIL; this may drop the
+    // last reference to the job, whose teardown touches Python objects.
+    if (!Py_IsInitialized()) return;  // the interpreter is gone: leak rather than crash
+    py::gil_scoped_acquire gil;
+    delete static_cast<Exported*>(m->manager_ctx);
+  };
+  // A consumer renames the capsule to "used_dltensor"; one nobody consumed is freed here.
+  return py::capsule(&e->managed, "dltensor", [](PyObject* cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      m->deleter(m);
+    }
+  });
+}
+
+py::list shards_of(const std::shared_ptr<PyJob>& job, const std::string& model_stage, const std::vector<ShardView>& views,
+                   const std::optional<std::string>& slot) {
+  const ModelSpec& m = *job->spec().model(std::string(role_of(model_stage)));
+  py::list out;
+  bool known = !slot;
+  for (Slot s : kTrainSlots) known = known || to_string(s) == *slot;
+  if (!known) throw Error("unknown slot '" + *slot + "' (param, master, exp_avg, exp_avg_sq)");
+  for (const ShardView& v : views)
+    if (!slot || to_string(v.slot) == *slot) out.append(PyShard{job, v, m.tensor(v.tensor).name});
+  return out;
+}
+
+py::dict state_dict(const StageState& s) {
+  py::dict d;
+  d["policy_version"] = s.policy_version;
+  d["update_count"] = s.update_count;
+  d["minibatch_position"] = s.minibatch_position;
+  d["dataloader_position"] = s.dataloader_position;
+  d["rng_seed"] = s.rng_seed;
+  d["global_batch"] = s.global_batch;
+  d["micro_batch"] = s.micro_batch;
+  d["accumulation_steps"] = s.accumulation_steps;
+  d["dp"] = s.dp;
+  return d;
+}
+
+py::dict plan_dict(const GlobalPlan& p) {
+  py::dict d;
+  for (const auto& [name, spec] : p.stages) d[py::str(name)] = to_string(spec);
+  return d;
+}
+
+py::dict report_dict(const TransitionReport& r) {
+  py::dict d;
+  d["completed"] = r.completed;
+  d["cancelled"] = r.cancelled;
+  d["error"] = r.error;
+  d["moved_bytes"] = r.moved_bytes;
+  d["copied_bytes"] = r.copied_bytes;
+  d["seconds"] = r.seconds;
+  d["planned_seconds"] = r.planned_seconds;
+  d["plan_ms"] = r.plan_ms;
+  py::dict stages;
+  for (const StageOutcome& s : r.stages) {
+    py::dict o;
+    o["on_new_plan"] = s.on_new_plan;
+    o["spec"] = s.spec;
+    stages[py::str(s.model_stage)] = o;
+  }
+  d["stages"] = stages;
+  return d;
+}
+
+py::dict decision_dict(const Decision& x, double gamma) {
+  py::dict d;
+  d["step"] = x.step;
+  d["trigger"] = x.trigger;
+  d["urgent"] = x.urgent;
+  d["replanned"] = x.replanned;
+  d["admitted"] = x.admitted;
+  d["why"] = x.why;
+  d["current_seconds"] = x.current_seconds;
+  d["target_seconds"] = x.target_seconds;
+  d["delta_seconds"] = x.current_seconds - x.target_seconds;  // ΔL
+  d["transition_seconds"] = x.transition_seconds;            // L_tran
+  d["horizon_steps"] = x.horizon_steps;                      // H_x
+  d["gamma"] = gamma;
+  d["moved_bytes"] = x.moved_bytes;
+  d["decision_ms"] = x.decision_ms;
+  d["target"] = x.admitted ? py::object(plan_dict(x.target)) : py::object(py::none());
+  return d;
+}
+
+/// `with job.stage(name) as units:` — the stage's devices are busy until the block ends.
+class PyStage {
+ public:
+  PyStage(std::shared_ptr<PyJob> job, std::string name) : job_(std::move(job)), name_(std::move(name)) {}
+  ~PyStage() {
+    if (lease_ && lease_->held()) job_->loop().post([l = std::move(lease_)] { l->leave(false); });
+  }
+  py::list enter() {
+    if (lease_ && lease_->held()) throw Error("stage '" + name_ + "' is already entered");
+    lease_ = std::make_shared<StageLease>(job_->loop().run([&] { return job_->job().enter_stage(name_); }));
+    py::list units;
+    for (const UnitContext& c : lease_->units())
+      units.append(PyUnit{job_, name_, UnitView{c.replica(), c.emu(), c.version(), c.shards()}});
+    return units;
+  }
+  bool exit(py::handle type, py::handle, py::handle) {
+    if (lease_) job_->loop().call([&] { lease_->leave(type.is_none()); });
+    lease_.reset();
+    return false;
+  }
+
+ private:
+  std::shared_ptr<PyJob> job_;
+  std::string name_;
+  std::shared_ptr<StageLease> lease_;
+};
+
+struct PyTransition {
+  std::shared_ptr<PyJob> job;
+  TransitionHandle handle;
+};
+
+}  // namespace
+
+void bind_job(py::module_& m) {
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  py::class_<PyShard>(m, "Shard", "One tensor shard of one slot in a unit (a view of the unit's memory).")
+      .def_property_readonly("device", [](const PyShard& s) { return s.view.device; })
+      .def_property_readonly("tensor", [](const PyShard& s) { return s.tensor; })
+      .def_property_readonly("slot", [](const PyShard& s) { return std::string(to_string(s.view.slot)); })
+      .def_property_readonly("dtype", [](const PyShard& s) { return std::string(to_string(s.view.dtype)); })
+      .def_property_readonly("box", [](const PyShard& s) {
+        py::list b;
+        for (int d = 0; d < s.view.box.rank; ++d) {
+          const Range r = s.view.box.dims[static_cast<std::size_t>(d)];
+          b.append(py::make_tuple(r.lo, r.hi));
+        }
+        return b;
+      })
+      .def_property_readonly("shape", [](const PyShard& s) { return py::tuple(py::cast(s.shape())); })
+      .def_property_readonly("nbytes", [](const PyShard& s) { return s.view.bytes(); })
+      .def_property_readonly("data_ptr", [](const PyShard& s) { return reinterpret_cast<std::uintptr_t>(s.view.data); })
+      .def("__dlpack__", [](const PyShard& s, py::object) { return to_dlpack(s); }, py::arg("stream") = py::none())
+      .def("__dlpack_device__", [](const PyShard&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
+      .def("__repr__", [](const PyShard& s) {
+        return "<Shard " + s.tensor + "@" + std::string(to_string(s.view.slot)) + " device " + std::to_string(s.view.device) +
+               " box " + s.view.box.to_string() + ">";
+      });
+
+  py::class_<PyUnit>(m, "Unit", "One unit (EMU) of a model-stage.")
+      .def_property_readonly("replica", [](const PyUnit& u) { return u.view.replica; })
+      .def_property_readonly("devices", [](const PyUnit& u) { return u.view.emu.gpus; })
+      .def_property_readonly("layout", [](const PyUnit& u) { return to_string(u.view.emu.layout); })
+      .def_property_readonly("version", [](const PyUnit& u) { return u.view.version; })
+      .def_property_readonly("model_stage", [](const PyUnit& u) { return u.stage; })
+      .def(
+          "shards", [](const PyUnit& u, std::optional<std::string> slot) { return shards_of(u.job, u.stage, u.view.shards, slot); },
+          py::arg("slot") = "param", "Its shards of one slot (None: every slot), buffer by buffer.")
+      .def("__repr__", [](const PyUnit& u) {
+        return "<Unit " + u.stage + " #" + std::to_string(u.view.replica) + " " + to_string(u.view.emu.layout) + " on " +
+               device_list_string(u.view.emu.gpus) + ">";
+      });
+
+  py::class_<PyStage>(m, "Stage", "A model-stage held busy while the framework computes on its units.")
+      .def("__enter__", &PyStage::enter)
+      .def("__exit__", &PyStage::exit);
+
+  py::class_<PyTransition>(m, "Transition", "A transition in flight.")
+      .def("wait", [](PyTransition& t) {
+        TransitionHandle h = t.handle;
+        return report_dict(t.job->loop().run([h]() mutable { return h.wait(); }));
+      }, "Blocks until it finished, failed or was cancelled; returns the report.")
+      .def("cancel", [](PyTransition& t) { t.job->loop().call([&] { t.handle.cancel(); }); })
+      .def_property_readonly("done", [](PyTransition& t) { return t.job->loop().call([&] { return t.handle.done(); }); });
+
+  py::class_<PyJob, std::shared_ptr<PyJob>>(m, "Job", "A job embedded in this process (docs/embedding.md).")
+      .def(py::init([](const std::string& job, py::object plan, int devices, py::object capacity, double headroom,
+                       std::uint64_t seed, unsigned copy_threads, py::object adopt, bool fill, py::object cluster,
+                       const std::string& policy, double gamma) {
+             return std::make_shared<PyJob>(job, plan, devices, capacity, headroom, seed, copy_threads, adopt, fill, cluster,
+                                            policy, gamma, "");
+           }),
+           py::arg("job"), py::arg("plan"), py::arg("devices") = 8, py::arg("capacity") = "1GiB", py::arg("headroom") = 0.1,
+           py::arg("seed") = 1, py::arg("copy_threads") = 1, py::arg("adopt") = py::none(), py::arg("fill") = false,
+           py::arg("cluster") = py::none(), py::arg("policy") = "nereus", py::arg("gamma") = 0.5)
+      .def_static(
+          "resume",
+          [](const std::string& checkpoint, const std::string& job, int devices, py::object capacity, double headroom,
+             unsigned copy_threads, py::object cluster, const std::string& policy, double gamma) {
+            return std::make_shared<PyJob>(job, py::none(), devices, capacity, headroom, 1, copy_threads, py::none(), false,
+                                           cluster, policy, gamma, checkpoint);
+          },
+          py::arg("checkpoint"), py::arg("job"), py::arg("devices") = 8, py::arg("capacity") = "1GiB",
+          py::arg("headroom") = 0.1, py::arg("copy_threads") = 1, py::arg("cluster") = py::none(),
+          py::arg("policy") = "nereus", py::arg("gamma") = 0.5, "A job continued from save_checkpoint(checkpoint).")
+      .def_property_readonly("step", [](PyJob& j) { return j.loop().call([&] { return j.job().step(); }); })
+      .def_property_readonly("plan", [](PyJob& j) { return plan_dict(j.loop().call([&] { return j.job().plan(); })); })
+      .def_property_readonly("model_stages", [](PyJob& j) {
+        std::vector<std::string> names;
+        for (const ModelStage& s : model_stages(j.spec())) names.push_back(s.name());
+        return names;
+      })
+      .def("units", [](const std::shared_ptr<PyJob>& j, const std::string& stage) {
+        const auto views = j->loop().call([&] { return j->job().units(stage); });
+        py::list out;
+        for (const UnitView& v : views) out.append(PyUnit{j, stage, v});
+        return out;
+      }, py::arg("model_stage"))
+      .def("state", [](PyJob& j, const std::string& stage) {
+        return state_dict(j.loop().call([&] { return j.job().state(stage); }));
+      }, py::arg("model_stage"))
+      .def("devices", [](PyJob& j) {
+        py::list out;
+        for (const DeviceUse& d : j.loop().call([&] { return j.job().devices(); })) {
+          py::dict e;
+          e["device"] = d.device;
+          e["used"] = d.used;
+          e["peak"] = d.peak;
+          e["budget"] = d.budget;
+          out.append(e);
+        }
+        return out;
+      })
+      .def("verify", [](PyJob& j) {
+        const FillCheck c = j.loop().call([&] { return j.job().verify(); });
+        py::dict d;
+        d["ok"] = c.ok;
+        d["buffers"] = c.buffers;
+        d["bytes"] = c.bytes;
+        d["first_error"] = c.first_error;
+        return d;
+      }, "Checks every live unit against the verification fill (jobs made with fill=True).")
+      .def("stage", [](const std::shared_ptr<PyJob>& j, const std::string& stage) {
+        return std::make_unique<PyStage>(j, stage);
+      }, py::arg("model_stage"))
+      .def("end_step", [](PyJob& j) { j.loop().run([&] { return j.job().end_step(); }); },
+           "Ends the step: weight sync, and a transition begun mid-step takes effect.")
+      .def("transition", [](PyJob& j, py::object plan) {
+        const GlobalPlan target = j.parse_plan(plan);
+        return report_dict(j.loop().run([&] { return j.job().transition(target); }));
+      }, py::arg("plan"), "Changes plan between steps; blocks until done and returns the report.")
+      .def("begin_transition", [](const std::shared_ptr<PyJob>& j, py::object plan) {
+        const GlobalPlan target = j->parse_plan(plan);
+        return PyTransition{j, j->loop().call([&] { return j->job().begin_transition(target); })};
+      }, py::arg("plan"), "Starts a transition; it runs alongside the stages that follow.")
+      .def("report_step", [](PyJob& j, std::map<std::string, double> stage_seconds, double response_len_mean,
+                             double response_len_p95, std::optional<int> gpus, double link_slowdown, std::uint64_t peak_bytes,
+                             std::optional<double> next_response_len_mean, std::optional<double> next_response_len_p95) {
+        StepObservation o;
+        o.stage_seconds.assign(stage_seconds.begin(), stage_seconds.end());
+        o.response_len_mean = response_len_mean;
+        o.response_len_p95 = response_len_p95;
+        o.peak_bytes = peak_bytes;
+        o.next.step = j.loop().call([&] { return j.job().step(); });
+        o.next.gpus = gpus ? *gpus : static_cast<int>(j.loop().call([&] { return j.job().devices(); }).size());
+        o.next.response_len_mean = next_response_len_mean.value_or(response_len_mean);
+        o.next.response_len_p95 = next_response_len_p95.value_or(response_len_p95);
+        o.next.link_slowdown = link_slowdown;
+        return decision_dict(j.report(o), j.gamma());
+      }, py::arg("stage_seconds"), py::arg("response_len_mean"), py::arg("response_len_p95"), py::arg("gpus") = py::none(),
+         py::arg("link_slowdown") = 1.0, py::arg("peak_bytes") = 0, py::arg("next_response_len_mean") = py::none(),
+         py::arg("next_response_len_p95") = py::none(),
+         "Feeds the live controller one step's measurements; returns its decision for the next step.")
+      .def("load_weights", [](PyJob& j, const std::string& what, const std::string& path) {
+        j.loop().call([&] { j.job().load_weights(what, path); });
+      }, py::arg("what"), py::arg("path"))
+      .def("save_weights", [](PyJob& j, const std::string& stage, const std::string& path, const std::string& slot) {
+        Slot s = Slot::param;
+        bool found = false;
+        for (Slot x : kTrainSlots)
+          if (to_string(x) == slot) s = x, found = true;
+        if (!found) throw Error("unknown slot '" + slot + "' (param, master, exp_avg, exp_avg_sq)");
+        j.loop().call([&] { j.job().save_weights(stage, path, s); });
+      }, py::arg("model_stage"), py::arg("path"), py::arg("slot") = "param")
+      .def("save_checkpoint", [](PyJob& j, const std::string& dir) { j.loop().call([&] { j.job().save_checkpoint(dir); }); },
+           py::arg("dir"));
+}
+
+}  // namespace nereus::python
+
+PYBIND11_MODULE(_nereus, m) {
+  m.doc() = "Nereus embedded in a Python RLHF framework (docs/embedding.md)";
+  nereus::python::bind_job(m);
+}

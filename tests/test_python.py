@@ -1,0 +1,327 @@
+"""The Python module against a real embedded job: zero-copy shards, round trips through
+transitions compared bit for bit, framework-owned tensors as units, bad input as
+exceptions, a busy Python stage that does not stall a transition, the live controller,
+weights and checkpoints. Run by meson with Debian's python3 and python3-torch."""
+import asyncio
+import json
+import os
+import struct
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import torch
+
+import nereus
+
+JOB = "ppo-tiny"
+BASE = {
+    "actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
+    "actor/infer": "tp=2,pp=1,dp=1,devices=0-1",
+    "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+    "reference/infer": "tp=2,pp=1,dp=1,devices=0-1",
+    "reward/infer": "tp=2,pp=1,dp=1,devices=2-3",
+    "actor/train": "tp=4,pp=1,dp=1,devices=0-3",
+    "critic/train": "tp=4,pp=1,dp=1,devices=4-7",
+}
+SLOTS = ["param", "master", "exp_avg", "exp_avg_sq"]
+TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def plan(**changes):
+    p = dict(BASE)
+    p.update({k.replace("__", "/"): v for k, v in changes.items()})
+    return p
+
+
+def new_job(**kw):
+    kw.setdefault("devices", 8)
+    kw.setdefault("capacity", "64MiB")
+    return nereus.Job(JOB, kw.pop("plan", BASE), **kw)
+
+
+def index(shard):
+    return tuple(slice(lo, hi) for lo, hi in shard.box)
+
+
+def full_tensors(job, stage, seed):
+    """Random full tensors per (tensor, slot), in each slot's dtype, from the unit's boxes."""
+    g = torch.Generator().manual_seed(seed)
+    full = {}
+    for shard in job.units(stage)[0].shards(slot=None):
+        key = (shard.tensor, shard.slot)
+        if key not in full:
+            shape = [0] * len(shard.box)
+            for u in job.units(stage):
+                for s in u.shards(slot=shard.slot):
+                    if s.tensor == shard.tensor:
+                        shape = [max(a, hi) for a, (lo, hi) in zip(shape, s.box)]
+            full[key] = torch.randn(shape, generator=g).to(TORCH_DTYPE[shard.dtype])
+    return full
+
+
+def write_all(job, stage, full):
+    for u in job.units(stage):
+        for s in u.shards(slot=None):
+            s.data.copy_(full[(s.tensor, s.slot)][index(s)])
+
+
+def mismatches(job, stage, full):
+    bad = []
+    for u in job.units(stage):
+        for s in u.shards(slot=None):
+            want = full[(s.tensor, s.slot)][index(s)]
+            got = s.data
+            # Bit for bit: compare the raw bytes.
+            if not torch.equal(got.view(torch.int16 if got.element_size() == 2 else torch.int32),
+                               want.contiguous().view(torch.int16 if want.element_size() == 2 else torch.int32)):
+                bad.append(f"{u} {s}")
+    return bad
+
+
+class ZeroCopy(unittest.TestCase):
+    def test_views_share_the_units_memory(self):
+        job = new_job()
+        unit = job.units("actor/train")[0]
+        self.assertEqual(unit.devices, [0, 1, 2, 3])
+        shards = unit.shards()
+        self.assertTrue(shards and all(s.slot == "param" for s in shards))
+        for s in shards:
+            t = s.data
+            self.assertEqual(t.data_ptr(), s.data_ptr)
+            self.assertEqual(tuple(t.shape), s.shape)
+            self.assertEqual(t.dtype, torch.bfloat16)
+            self.assertEqual(t.numel() * t.element_size(), s.nbytes)
+        # Writing through torch is visible through a second view of the same shard.
+        shards[0].data.fill_(1.5)
+        self.assertTrue(bool((job.units("actor/train")[0].shards()[0].data == 1.5).all()))
+        self.assertEqual({s.slot for s in unit.shards(slot=None)}, set(SLOTS))
+
+    def test_round_trip_through_transitions_bit_for_bit(self):
+        job = new_job()
+        full = full_tensors(job, "actor/train", seed=7)
+        write_all(job, "actor/train", full)
+        self.assertEqual(mismatches(job, "actor/train", full), [])
+        for target in (plan(actor__train="tp=2,pp=1,dp=2,devices=4-7", critic__train="tp=4,pp=1,dp=1,devices=0-3"),
+                       BASE,
+                       plan(actor__train="tp=2,pp=2,dp=1,devices=4-7", critic__train="tp=4,pp=1,dp=1,devices=0-3")):
+            report = job.transition(target)
+            self.assertTrue(report["completed"], report)
+            self.assertEqual(job.plan["actor/train"], target["actor/train"])
+            self.assertEqual(mismatches(job, "actor/train", full), [])
+
+
+class FrameworkMemory(unittest.TestCase):
+    def test_adopted_tensors_are_the_units(self):
+        probe = new_job()
+        owned, adopt = [], []
+        for u in probe.units("actor/train"):
+            for s in u.shards():
+                t = torch.zeros(s.shape, dtype=TORCH_DTYPE[s.dtype])
+                owned.append(t)
+                adopt.append({"stage": "actor/train", "replica": u.replica, "device": s.device,
+                              "buffer": s.tensor, "slot": "param", "tensor": t})
+        del probe
+        job = new_job(adopt=adopt)
+        shards = job.units("actor/train")[0].shards()
+        self.assertEqual([s.data_ptr for s in shards], [t.data_ptr() for t in owned])
+        for t in owned:  # the framework writes its own tensors
+            t.copy_(torch.arange(t.numel(), dtype=torch.float32).reshape(t.shape).remainder(251).to(t.dtype))
+        full = {(s.tensor, "param"): None for s in shards}
+        report = job.transition(plan(actor__train="tp=2,pp=1,dp=2,devices=4-7",
+                                     critic__train="tp=4,pp=1,dp=1,devices=0-3"))
+        self.assertTrue(report["completed"])
+        by_name = {}
+        for s, t in zip(shards, owned):
+            by_name.setdefault(s.tensor, []).append((s.box, t))
+        for u in job.units("actor/train"):
+            for s in u.shards():
+                # Each new shard equals the framework's tensor over the same box.
+                for box, t in by_name[s.tensor]:
+                    if all(lo <= a and b <= hi for (lo, hi), (a, b) in zip(box, s.box)):
+                        rel = tuple(slice(a - lo, b - lo) for (lo, _), (a, b) in zip(box, s.box))
+                        self.assertTrue(torch.equal(s.data, t[rel]))
+                        break
+                else:
+                    # A box spanning several adopted shards: compare piece by piece.
+                    for box, t in by_name[s.tensor]:
+                        inter = [(max(lo, a), min(hi, b)) for (lo, hi), (a, b) in zip(box, s.box)]
+                        if all(lo < hi for lo, hi in inter):
+                            mine = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, s.box))
+                            theirs = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, box))
+                            self.assertTrue(torch.equal(s.data[mine], t[theirs]))
+        del full
+
+    def test_bad_adoption_is_an_error(self):
+        t = torch.zeros(4, dtype=torch.bfloat16)
+        with self.assertRaisesRegex(nereus.Error, "no buffer 'model.nope@param'"):
+            new_job(adopt=[{"stage": "actor/train", "device": 0, "buffer": "model.nope", "tensor": t}])
+        with self.assertRaisesRegex(nereus.Error, "but the buffer needs"):
+            new_job(adopt=[{"stage": "actor/train", "device": 0, "buffer": "model.embed_tokens.weight", "tensor": t}])
+        with self.assertRaisesRegex(nereus.Error, "not contiguous"):
+            new_job(adopt=[{"stage": "actor/train", "device": 0, "buffer": "model.embed_tokens.weight",
+                            "tensor": torch.zeros(4, 4).t()}])
+
+
+class BadInput(unittest.TestCase):
+    def test_errors_leave_the_job_usable(self):
+        job = new_job(fill=True, capacity="16MiB")  # actor/train (19 MB) fits only when split
+        with self.assertRaisesRegex(nereus.Error, "unknown slot 'moment'"):
+            job.units("actor/train")[0].shards(slot="moment")
+        with self.assertRaisesRegex(nereus.Error, "not a model-stage"):
+            job.units("actor/nothing")
+        with self.assertRaisesRegex(nereus.Error, "not a model-stage"):
+            job.stage("critic/generate").__enter__()
+        with self.assertRaisesRegex(nereus.Error, "tp"):
+            job.transition(plan(actor__train="tp=3,pp=1,dp=1,devices=0-2"))
+        with self.assertRaisesRegex(nereus.Error, "infeasible"):
+            job.transition(plan(actor__train="tp=1,pp=1,dp=1,devices=0"))
+        handle = job.begin_transition(plan(critic__train="tp=2,pp=2,dp=1,devices=4-7"))
+        with self.assertRaisesRegex(nereus.Error, "already in flight"):
+            job.begin_transition(BASE)
+        self.assertTrue(handle.wait()["completed"])
+        self.assertTrue(job.verify()["ok"])
+        self.assertTrue(job.transition(BASE)["completed"])  # still usable
+        self.assertTrue(job.verify()["ok"])
+        with self.assertRaises(TypeError):
+            job.transition(42)
+
+
+class NeverStall(unittest.TestCase):
+    def test_a_busy_python_stage_does_not_hold_up_a_transition(self):
+        job = new_job(fill=True)
+        entered, finished = threading.Event(), {}
+
+        def busy():
+            with job.stage("critic/infer"):  # devices 2-3
+                entered.set()
+                end = time.monotonic() + 3.0
+                x = 0
+                while time.monotonic() < end:  # pure Python: holds the GIL but for switches
+                    x += sum(range(200))
+            finished["stage"] = time.monotonic()
+
+        worker = threading.Thread(target=busy)
+        worker.start()
+        self.assertTrue(entered.wait(30))
+        # reference/infer (devices 0-1) changes layout while the stage computes.
+        report = job.begin_transition(plan(reference__infer="tp=1,pp=1,dp=2,devices=0-1")).wait()
+        finished["transition"] = time.monotonic()
+        worker.join()
+        self.assertTrue(report["completed"], report)
+        self.assertLess(finished["transition"], finished["stage"])
+        job.end_step()
+        self.assertTrue(job.verify()["ok"])
+
+    def test_await_under_asyncio(self):
+        job = new_job(fill=True)
+
+        async def main():
+            return await job.begin_transition(plan(critic__train="tp=2,pp=2,dp=1,devices=4-7"))
+
+        report = asyncio.run(main())
+        self.assertTrue(report["completed"])
+        self.assertEqual(job.plan["critic/train"], "tp=2,pp=2,dp=1,devices=4-7")
+
+
+class Controller(unittest.TestCase):
+    def test_report_step_returns_the_decision_with_its_numbers(self):
+        job = new_job()
+        for stage in job.model_stages:
+            with job.stage(stage):
+                pass
+        job.end_step()
+        times = {s: 0.5 for s in job.model_stages}
+        d = job.report_step(stage_seconds=times, response_len_mean=100, response_len_p95=150)
+        for key in ("trigger", "delta_seconds", "transition_seconds", "horizon_steps", "gamma", "admitted", "why",
+                    "target"):
+            self.assertIn(key, d)
+        self.assertEqual(d["step"], 1)
+        # Responses 8x longer: a drift the controller replans for.
+        d = job.report_step(stage_seconds=times, response_len_mean=800, response_len_p95=1200)
+        self.assertIn("length", d["trigger"])
+        self.assertTrue(d["replanned"])
+        if d["admitted"]:
+            self.assertTrue(job.transition(d["target"])["completed"])
+        with self.assertRaisesRegex(nereus.Error, "not a model-stage"):
+            job.report_step(stage_seconds={"actor/nothing": 1.0}, response_len_mean=1, response_len_p95=1)
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file written here, independently of Nereus: name -> float32 tensor."""
+    header, offset, blobs = {}, 0, []
+    for name, t in tensors.items():
+        data = t.contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = e["data_offsets"]
+        dtype = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}[e["dtype"]]
+        out[name] = torch.frombuffer(bytearray(data[lo:hi]), dtype=dtype).reshape(e["shape"])
+    return out
+
+
+class Weights(unittest.TestCase):
+    def test_load_save_and_resume(self):
+        job = new_job()
+        names = {s.tensor: s for s in job.units("actor/train")[0].shards()}
+        shapes = {}
+        for u in job.units("actor/train"):
+            for s in u.shards():
+                shapes[s.tensor] = [max(a, hi) for a, (lo, hi) in zip(shapes.get(s.tensor, [0] * len(s.box)), s.box)]
+        g = torch.Generator().manual_seed(3)
+        weights = {n: torch.randn(shape, generator=g).to(torch.bfloat16).float() for n, shape in shapes.items()}
+        with tempfile.TemporaryDirectory() as d:
+            write_safetensors(os.path.join(d, "model.safetensors"), weights)
+            job.load_weights("actor", os.path.join(d, "model.safetensors"))
+            for stage in ("actor/train", "actor/generate"):
+                for u in job.units(stage):
+                    for s in u.shards():
+                        self.assertTrue(torch.equal(s.data.float(), weights[s.tensor][index(s)]), f"{stage} {s}")
+            job.save_weights("actor/train", os.path.join(d, "out.safetensors"))
+            back = read_safetensors(os.path.join(d, "out.safetensors"))
+            self.assertEqual(set(back), set(names))
+            for n, t in back.items():
+                self.assertEqual(t.dtype, torch.bfloat16)
+                self.assertTrue(torch.equal(t.float(), weights[n]))
+            with self.assertRaisesRegex(nereus.Error, "lacks tensor"):
+                write_safetensors(os.path.join(d, "short.safetensors"), {"model.norm.weight": weights["model.norm.weight"]})
+                job.load_weights("actor", os.path.join(d, "short.safetensors"))
+
+            # Checkpoint after a step, resume, and compare every slot.
+            full = full_tensors(job, "actor/train", seed=11)
+            write_all(job, "actor/train", full)
+            for stage in job.model_stages:
+                with job.stage(stage):
+                    pass
+            job.end_step()
+            job.save_checkpoint(os.path.join(d, "ckpt"))
+            again = nereus.Job.resume(os.path.join(d, "ckpt"), JOB, devices=8, capacity="64MiB")
+            self.assertEqual(again.plan, job.plan)
+            self.assertEqual(again.step, job.step)
+            for stage in job.model_stages:
+                self.assertEqual(again.state(stage), job.state(stage))
+            self.assertEqual(mismatches(again, "actor/train", full), [])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
