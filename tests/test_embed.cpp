@@ -155,12 +155,18 @@ TEST_CASE("embed: framework-owned memory backs units, is moved in place and coun
   for (const DeviceUse& d : look.devices()) look_used += d.used;
   CHECK(used >= adopted_bytes);
   std::size_t k = 0;
-  for (const ShardView& v : job.units("actor/train")[0].shards)
-    if (v.slot == Slot::param) CHECK(v.data == reinterpret_cast<std::byte*>(owned[k++].data()));
+  const std::vector<UnitView> adopted_units = job.units("actor/train");
+  for (const ShardView& v : adopted_units[0].shards)
+    if (v.slot == Slot::param) {
+      const auto* mine = reinterpret_cast<const std::byte*>(owned[k].data());
+      ++k;
+      CHECK(v.data == mine);
+    }
   write_values(m, job.units("actor/train"));  // the framework writes its own tensors
   REQUIRE(run_on(io, job.transition(load_global_plan(spec, kPlanTp2Dp2))).completed);
   CHECK(wrong_values(m, job.units("actor/train")) == 0);
-  for (const ShardView& v : job.units("actor/train")[0].shards)  // the new units live in arenas
+  const std::vector<UnitView> new_units = job.units("actor/train");
+  for (const ShardView& v : new_units[0].shards)  // the new units live in arenas
     for (const auto& vec : owned) CHECK(v.data != reinterpret_cast<const std::byte*>(vec.data()));
 
   JobOptions bad = opts();
@@ -239,7 +245,8 @@ TEST_CASE("embed: safetensors load into every unit's boxes and save back with th
   back.load_weights("actor/train", dir + "/out.safetensors");
   CHECK(wrong_values(m, {back.units("actor/train")[0]}) > 0);  // moments are zero, not value()
   std::int64_t wrong = 0;
-  for (const ShardView& v : back.units("actor/train")[0].shards)
+  const std::vector<UnitView> back_units = back.units("actor/train");
+  for (const ShardView& v : back_units[0].shards)
     if (v.slot == Slot::param || v.slot == Slot::master)
       each_element(m, v, [&](std::int64_t i, std::byte* p) {
         float x = 0;

@@ -88,9 +88,16 @@ class ZeroCopy(unittest.TestCase):
         self.assertEqual(unit.devices, [0, 1, 2, 3])
         shards = unit.shards()
         self.assertTrue(shards and all(s.slot == "param" for s in shards))
+        buffers = unit.buffers()
+        self.assertEqual({(b["device"], b["slot"]) for b in buffers}, {(d, sl) for d in range(4) for sl in SLOTS})
         for s in shards:
             t = s.data
             self.assertEqual(t.data_ptr(), s.data_ptr)
+            # The view lies inside one of the unit's buffers on its device, for its slot.
+            self.assertTrue(any(b["device"] == s.device and b["slot"] == s.slot and
+                                b["data_ptr"] <= t.data_ptr() and
+                                t.data_ptr() + t.numel() * t.element_size() <= b["data_ptr"] + b["nbytes"]
+                                for b in buffers), s)
             self.assertEqual(tuple(t.shape), s.shape)
             self.assertEqual(t.dtype, torch.bfloat16)
             self.assertEqual(t.numel() * t.element_size(), s.nbytes)

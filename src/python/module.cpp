@@ -5,6 +5,7 @@
 
 #include "nereus/base/error.hpp"
 #include "nereus/core/model.hpp"
+#include "nereus/core/packing.hpp"
 #include "py_job.hpp"
 
 namespace nereus::python {
@@ -86,6 +87,12 @@ py::list shards_of(const std::shared_ptr<PyJob>& job, const std::string& model_s
   return out;
 }
 
+std::vector<std::span<std::byte>> memory_of(const UnitContext& c) {
+  std::vector<std::span<std::byte>> out;
+  for (std::size_t b = 0; b < c.buffers().size(); ++b) out.push_back(c.memory(b));
+  return out;
+}
+
 py::dict state_dict(const StageState& s) {
   py::dict d;
   d["policy_version"] = s.policy_version;
@@ -159,7 +166,7 @@ class PyStage {
     lease_ = std::make_shared<StageLease>(job_->loop().run([&] { return job_->job().enter_stage(name_); }));
     py::list units;
     for (const UnitContext& c : lease_->units())
-      units.append(PyUnit{job_, name_, UnitView{c.replica(), c.emu(), c.version(), c.shards()}});
+      units.append(PyUnit{job_, name_, UnitView{c.replica(), c.emu(), c.version(), c.shards(), c.buffers(), memory_of(c)}});
     return units;
   }
   bool exit(py::handle type, py::handle, py::handle) {
@@ -213,6 +220,22 @@ void bind_job(py::module_& m) {
       .def_property_readonly("layout", [](const PyUnit& u) { return to_string(u.view.emu.layout); })
       .def_property_readonly("version", [](const PyUnit& u) { return u.view.version; })
       .def_property_readonly("model_stage", [](const PyUnit& u) { return u.stage; })
+      .def("buffers", [](const PyUnit& u) {
+        const ModelSpec& m = *u.job->spec().model(std::string(role_of(u.stage)));
+        py::list out;
+        for (std::size_t b = 0; b < u.view.buffers.size(); ++b) {
+          const BufferSpec& spec = u.view.buffers[b];
+          py::dict d;
+          d["device"] = spec.key.device;
+          d["buffer"] = buffer_name(m, spec.key.buffer, spec.packing);
+          d["slot"] = std::string(to_string(spec.key.slot));
+          d["dtype"] = std::string(to_string(spec.dtype));
+          d["data_ptr"] = reinterpret_cast<std::uintptr_t>(u.view.memory[b].data());
+          d["nbytes"] = spec.bytes();
+          out.append(d);
+        }
+        return out;
+      }, "Its local buffers (sharding.md packing): device, buffer name, slot, dtype, data_ptr, nbytes.")
       .def(
           "shards", [](const PyUnit& u, std::optional<std::string> slot) { return shards_of(u.job, u.stage, u.view.shards, slot); },
           py::arg("slot") = "param", "Its shards of one slot (None: every slot), buffer by buffer.")

@@ -10,12 +10,18 @@
 
 namespace nereus::python {
 
-Loop::Loop() : guard_(io_.get_executor()), thread_([this] { io_.run(); }) {}
+Loop::Loop()
+    : guard_(io_.get_executor()), thread_([this] {
+        while (!closing_) io_.run_one_for(std::chrono::milliseconds(20));
+        // Close: run what is ready (a stopped transition winding down); what still waits
+        // (a stage nobody left) is abandoned with the io_context.
+        while (io_.poll() > 0) {
+        }
+      }) {}
 
 Loop::~Loop() {
+  closing_ = true;
   guard_.reset();
-  // Whatever still waits on the loop (a stage nobody left) is abandoned.
-  io_.stop();
   if (thread_.joinable()) {
     if (on_loop())
       thread_.detach();
@@ -122,11 +128,18 @@ PyJob::PyJob(const std::string& job, py::object plan, int devices, py::object ca
 }
 
 PyJob::~PyJob() {
-  if (job_) {
-    // Destroyed on its loop: a transition in flight is stopped there.
-    loop_->post([j = std::shared_ptr<Job>(std::move(job_))] {});
-  }
+  // The job is destroyed on its loop, where a transition in flight is stopped.
   py::gil_scoped_release unlocked;
+  if (job_ && !loop_->on_loop()) {
+    auto done = std::make_shared<std::promise<void>>();
+    auto finished = done->get_future();
+    loop_->post([this, done] {
+      job_.reset();
+      done->set_value();
+    });
+    finished.wait();
+  }
+  job_.reset();
   loop_.reset();
 }
 

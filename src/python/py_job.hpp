@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <boost/asio/use_future.hpp>
+#include <atomic>
 #include <future>
 #include <memory>
 #include <optional>
@@ -47,6 +48,7 @@ class Loop {
  private:
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_;
+  std::atomic<bool> closing_ = false;
   std::thread thread_;
 };
 

@@ -359,7 +359,7 @@ std::vector<UnitView> Job::units(std::string_view model_stage) const {
     const LiveUnit& u = *slot.units[r];
     std::vector<std::span<std::byte>> mem;
     for (const auto& m : u.memory) mem.emplace_back(m.data(), m.size());
-    out.push_back({static_cast<int>(r), u.emu, u.version, shard_views(u.buffers, mem)});
+    out.push_back({static_cast<int>(r), u.emu, u.version, shard_views(u.buffers, mem), u.buffers, mem});
   }
   return out;
 }

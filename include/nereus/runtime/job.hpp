@@ -89,6 +89,8 @@ struct UnitView {
   Emu emu;
   std::int64_t version = 0;
   std::vector<ShardView> shards;  ///< every slot, buffer by buffer
+  std::vector<BufferSpec> buffers;             ///< the unit's local buffers (sharding.md packing)
+  std::vector<std::span<std::byte>> memory;    ///< one per buffer
 };
 
 /// What stage work sees of one unit.
