@@ -6,6 +6,7 @@
 #include <random>
 
 #include "job_cases.hpp"
+#include "nereus/control/controller.hpp"
 #include "nereus/control/planner.hpp"
 #include "test_util.hpp"
 
@@ -119,4 +120,29 @@ TEST_CASE("planner: plans grow with the pool and adapt to long responses") {
   // At 8 GPUs and very long responses something must give: the plan still fits.
   const PlanChoice tight = plan_job(model, job, 8, Workload::of(job, 12000, 16000));
   if (tight.feasible) CHECK(estimate_plan(model, job, tight.plan, Workload::of(job, 12000, 16000)).fits);
+}
+
+TEST_CASE("controller: step() calibrates from a live job's stage times, then decides against the first step's signals") {
+  const JobSpec job = load_job("ppo-tiny");
+  ClusterSpec cluster = load_cluster("h200-node");
+  Controller ctl(job, cluster);
+  const GlobalPlan plan = load_global_plan(job, R"({"actor/generate": "tp=2,pp=1,dp=4,devices=0-7",
+    "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+    "reference/infer": "tp=2,pp=1,dp=1,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
+    "actor/train": "tp=4,pp=1,dp=1,devices=0-3", "critic/train": "tp=4,pp=1,dp=1,devices=4-7"})");
+  StepObservation o;
+  o.next = {1, 8, 128, 192, 1};
+  for (const ModelStage& s : model_stages(job)) o.stage_seconds.emplace_back(s.name(), 0.5);
+  const Decision first = ctl.step(plan, o);
+  CHECK(ctl.calibrator().measurements() == model_stages(job).size());
+  CHECK(first.trigger.empty());  // the references are the first step's own signals
+  CHECK_FALSE(first.admitted);
+  o.next = {2, 8, 1024, 1536, 1};  // responses 8x longer
+  const Decision second = ctl.step(plan, o);
+  CHECK(has(second.trigger, "length"));
+  CHECK(second.replanned);
+  o.stage_seconds = {{"actor/nothing", 1.0}};
+  CHECK(has(error_of([&] { ctl.step(plan, o); }), "'actor/nothing' is not a model-stage"));
+  o.stage_seconds = {{"actor/train", -1.0}};
+  CHECK(has(error_of([&] { ctl.step(plan, o); }), "times are finite and >= 0"));
 }
