@@ -194,6 +194,15 @@ class BadInput(unittest.TestCase):
         self.assertTrue(job.verify()["ok"])
         with self.assertRaises(TypeError):
             job.transition(42)
+        # Cancelled at once: every model-stage keeps a complete collection, old or new.
+        handle = job.begin_transition(plan(actor__train="tp=2,pp=1,dp=2,devices=4-7",
+                                           critic__train="tp=4,pp=1,dp=1,devices=0-3"))
+        handle.cancel()
+        report = handle.wait()
+        self.assertTrue(report["cancelled"] or report["completed"], report)
+        self.assertTrue(handle.done)
+        self.assertTrue(job.verify()["ok"])
+        self.assertTrue(job.transition(BASE)["completed"])
 
 
 class NeverStall(unittest.TestCase):
