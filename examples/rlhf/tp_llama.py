@@ -25,7 +25,7 @@ def rms_norm(x, weight, eps):
 
 
 def rope(x, positions, theta):
-    """Rotary embedding (the Hugging Face llama convention: halves rotated)."""
+    """Rotary embedding (the Hugging Face llama convention: halves rotated); x [..., n, hd]."""
     hd = x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
     ang = positions.float()[:, None] * inv[None, :]
@@ -36,14 +36,23 @@ def rope(x, positions, theta):
 
 
 class Rank:
-    """The shards one device holds for one unit: tensor name -> (box, tensor)."""
+    """The shards one device holds for one unit: tensor name -> (box, f32 tensor)."""
 
-    def __init__(self, shards, slot_dtype=torch.float32):
-        self.t = {s.tensor: (s.box, s.data) for s in shards}
-        self.dtype = slot_dtype
+    def __init__(self, shards, train):
+        self.t = {}
+        self.leaves = []  # (shard, leaf) of a training unit
+        for s in shards:
+            if train:
+                # The master slot itself, as a leaf: backward fills .grad, the optimizer
+                # updates it in place (examples/rlhf/ppo.py).
+                leaf = s.data.detach().requires_grad_()
+                self.leaves.append((s, leaf))
+                self.t[s.tensor] = (s.box, leaf)
+            else:
+                self.t[s.tensor] = (s.box, s.data.float())
 
     def w(self, name):
-        return self.t[name][1].to(self.dtype)
+        return self.t[name][1]
 
     def rows(self, name):
         return self.t[name][0][0]
@@ -53,9 +62,10 @@ class Rank:
 
 
 class UnitModel:
-    """Forward passes over one unit of a model-stage (its param slot, or `slot`)."""
+    """Forward passes over one unit of a model-stage: its param slot (bf16, converted once
+    to f32), or with train=True its master slot (f32) as leaves that collect gradients."""
 
-    def __init__(self, config, unit, slot="param"):
+    def __init__(self, config, unit, train=False):
         self.c = config
         self.nh = config["num_attention_heads"]
         self.nkv = config.get("num_key_value_heads", self.nh)
@@ -65,53 +75,56 @@ class UnitModel:
         self.layout = dict(kv.split("=") for kv in unit.layout.split(","))
         self.tp, self.pp = int(self.layout["tp"]), int(self.layout["pp"])
         by_device = {}
-        for s in unit.shards(slot=slot):
+        for s in unit.shards(slot="master" if train else "param"):
             by_device.setdefault(s.device, []).append(s)
         # R[s·tp + r] is the device of pipeline stage s, rank r.
-        self.stages = [[Rank(by_device.get(unit.devices[s * self.tp + r], []))
+        self.stages = [[Rank(by_device.get(unit.devices[s * self.tp + r], []), train)
                         for r in range(self.tp)] for s in range(self.pp)]
+        self.layers = []
+        for s in range(self.pp):
+            names = self.stages[s][0].t
+            self.layers.append(sorted({int(n.split(".")[2]) for n in names if n.startswith("model.layers.")}))
 
-    def layers_of(self, stage):
-        ranks = self.stages[stage]
-        layers = set()
-        for name in ranks[0].t:
-            if name.startswith("model.layers."):
-                layers.add(int(name.split(".")[2]))
-        return sorted(layers)
+    def leaves(self):
+        return [pair for stage in self.stages for rank in stage for pair in rank.leaves]
 
     def embed(self, ids):
         """Vocab-parallel lookup: each rank its rows, summed."""
         out = None
         for rank in self.stages[0]:
             lo, hi = rank.rows("model.embed_tokens.weight")
-            local = ids - lo
             hit = (ids >= lo) & (ids < hi)
-            part = rank.w("model.embed_tokens.weight")[local.clamp(0, hi - lo - 1)] * hit[..., None]
+            part = rank.w("model.embed_tokens.weight")[(ids - lo).clamp(0, hi - lo - 1)] * hit[..., None]
             out = part if out is None else out + part
         return out
 
-    def attention(self, ranks, layer, x, positions):
+    def attention(self, ranks, layer, x, positions, cache):
+        """x [B, n, H]; cache: {(layer, rank): (k, v)} of earlier positions, or None."""
         p = f"model.layers.{layer}.self_attn."
-        seq = x.shape[0]
+        b, n, _ = x.shape
+        total = positions[-1].item() + 1
+        mask = torch.full((n, total), float("-inf")).triu(total - n + 1)
+        group = self.nh // self.nkv
         out = None
-        mask = torch.full((seq, seq), float("-inf")).triu(1)
-        for rank in ranks:
+        for r, rank in enumerate(ranks):
             q = x @ rank.w(p + "q_proj.weight").T
             k = x @ rank.w(p + "k_proj.weight").T
             v = x @ rank.w(p + "v_proj.weight").T
+            heads, kvh = q.shape[-1] // self.hd, k.shape[-1] // self.hd
+            q = rope(q.view(b, n, heads, self.hd).transpose(1, 2), positions, self.theta)
+            k = rope(k.view(b, n, kvh, self.hd).transpose(1, 2), positions, self.theta)
+            v = v.view(b, n, kvh, self.hd).transpose(1, 2)
+            if cache is not None:
+                if (layer, r) in cache:
+                    k0, v0 = cache[(layer, r)]
+                    k, v = torch.cat([k0, k], 2), torch.cat([v0, v], 2)
+                cache[(layer, r)] = (k, v)
             q_lo = rank.rows(p + "q_proj.weight")[0] // self.hd
             kv_lo = rank.rows(p + "k_proj.weight")[0] // self.hd
-            heads = q.shape[-1] // self.hd
-            q = rope(q.view(seq, heads, self.hd).transpose(0, 1), positions, self.theta)
-            kvh = k.shape[-1] // self.hd
-            k = rope(k.view(seq, kvh, self.hd).transpose(0, 1), positions, self.theta)
-            v = v.view(seq, kvh, self.hd).transpose(0, 1)
-            group = self.nh // self.nkv
-            # Each local q head h (global q_lo + h) reads kv head (q_lo + h) // group.
-            kv_index = torch.tensor([(q_lo + h) // group - kv_lo for h in range(heads)])
-            scores = q @ k[kv_index].transpose(1, 2) / math.sqrt(self.hd) + mask
-            ctx = torch.softmax(scores, -1) @ v[kv_index]
-            ctx = ctx.transpose(0, 1).reshape(seq, heads * self.hd)
+            # Local q head h (global q_lo + h) reads kv head (q_lo + h) // group.
+            pick = torch.tensor([(q_lo + h) // group - kv_lo for h in range(heads)])
+            scores = q @ k[:, pick].transpose(2, 3) / math.sqrt(self.hd) + mask
+            ctx = (torch.softmax(scores, -1) @ v[:, pick]).transpose(1, 2).reshape(b, n, heads * self.hd)
             part = ctx @ rank.w(p + "o_proj.weight").T  # row-parallel: partial sums
             out = part if out is None else out + part
         return out
@@ -125,33 +138,57 @@ class UnitModel:
             out = part if out is None else out + part
         return out
 
-    def hidden(self, ids):
-        """Final hidden states [seq, H] of one sequence of token ids."""
-        positions = torch.arange(ids.shape[0])
+    def hidden(self, ids, start=0, cache=None):
+        """Final hidden states [B, n, H] of token ids [B, n] at positions start.., with a
+        KV cache (dict) for incremental decoding."""
+        positions = torch.arange(start, start + ids.shape[-1])
         x = self.embed(ids)
         for s in range(self.pp):  # the pipeline: stage s hands x to stage s + 1
             ranks = self.stages[s]
-            for layer in self.layers_of(s):
+            for layer in self.layers[s]:
                 p = f"model.layers.{layer}."
                 x = x + self.attention(ranks, layer, rms_norm(x, ranks[0].w(p + "input_layernorm.weight"), self.eps),
-                                       positions)
+                                       positions, cache)
                 x = x + self.mlp(ranks, layer, rms_norm(x, ranks[0].w(p + "post_attention_layernorm.weight"), self.eps))
-        last = self.stages[-1]
-        return rms_norm(x, last[0].w("model.norm.weight"), self.eps)
+        return rms_norm(x, self.stages[-1][0].w("model.norm.weight"), self.eps)
 
     def logit_slices(self, h):
-        """Vocab-parallel lm_head: [(vocab_lo, logits [seq, slice])] per rank of the last stage."""
+        """Vocab-parallel lm_head: [(vocab_lo, logits [..., slice])] per rank of the last stage."""
         head = "lm_head.weight" if self.stages[-1][0].has("lm_head.weight") else "model.embed_tokens.weight"
         return [(rank.rows(head)[0], h @ rank.w(head).T) for rank in self.stages[-1]]
 
-    def log_probs(self, ids, targets):
-        """log p(targets[i] | ids[:i+1]) without forming the whole vocabulary's logits."""
-        slices = self.logit_slices(self.hidden(ids))
-        top = torch.stack([z.max(-1).values for _, z in slices]).max(0).values  # reduced max
-        norm = sum((z - top[:, None]).exp().sum(-1) for _, z in slices)        # reduced sum
+    def values(self, h):
+        """A score head's outputs [..., num_labels] (replicated on the last stage)."""
+        return h @ self.stages[-1][0].w("score.weight").T
+
+    def token_log_probs(self, h, targets):
+        """log p(targets) from hidden states, normalised across the vocabulary slices."""
+        slices = self.logit_slices(h)
+        top = torch.stack([z.max(-1).values for _, z in slices]).max(0).values.detach()  # reduced max
+        norm = sum((z - top[..., None]).exp().sum(-1) for _, z in slices)                # reduced sum
         picked = torch.zeros_like(top)
         for lo, z in slices:
             local = targets - lo
             hit = (local >= 0) & (local < z.shape[-1])
-            picked = picked + z.gather(-1, local.clamp(0, z.shape[-1] - 1)[:, None])[:, 0] * hit
+            picked = picked + z.gather(-1, local.clamp(0, z.shape[-1] - 1)[..., None])[..., 0] * hit
         return picked - top - norm.log()
+
+    def log_probs(self, ids, targets):
+        """log p(targets[i] | ids[:i+1]) of one sequence, without whole-vocabulary logits."""
+        return self.token_log_probs(self.hidden(ids[None]), targets[None])[0]
+
+    def sample(self, h, generator, temperature=1.0):
+        """One token per row from the last position's vocabulary slices (Gumbel-max per
+        slice, then the best slice: the same as sampling the whole softmax)."""
+        best, best_tok = None, None
+        for lo, z in self.logit_slices(h):
+            u = torch.rand(z.shape, generator=generator).clamp_(1e-10, 1.0)
+            g = z / temperature - torch.log(-torch.log(u))
+            val, idx = g.max(-1)
+            tok = idx + lo
+            if best is None:
+                best, best_tok = val, tok
+            else:
+                take = val > best
+                best, best_tok = torch.where(take, val, best), torch.where(take, tok, best_tok)
+        return best_tok

@@ -344,6 +344,7 @@ asio::awaitable<void> Job::run_stage(std::string model_stage, StageWork work) {
 }
 
 std::vector<ShardView> shard_views(const std::vector<BufferSpec>& buffers, std::span<const std::span<std::byte>> memory) {
+  if (memory.size() != buffers.size()) throw Error("shard_views: a unit's memory is gone (it was freed)");
   std::vector<ShardView> out;
   for (std::size_t b = 0; b < buffers.size(); ++b)
     for (const BufferSpec::Part& p : buffers[b].parts)
@@ -354,9 +355,20 @@ std::vector<ShardView> shard_views(const std::vector<BufferSpec>& buffers, std::
 
 std::vector<UnitView> Job::units(std::string_view model_stage) const {
   const StageSlot& slot = s_->slots[s_->index(model_stage)];
+  auto live = [](const std::vector<UnitPtr>& us) {
+    return !us.empty() && std::none_of(us.begin(), us.end(), [](const UnitPtr& u) { return u->freed; });
+  };
+  // A stage that already ran this step may have had its old units freed by a transition
+  // whose new units take effect at the next step: those new units hold its state now.
+  const std::vector<UnitPtr>* units = &slot.units;
+  if (!live(slot.units)) {
+    if (!(slot.switched && live(slot.next)))
+      throw Error("model-stage '" + std::string(model_stage) + "' has no complete collection now: a transition is replacing its units; ask after it finishes or after end_step()");
+    units = &slot.next;
+  }
   std::vector<UnitView> out;
-  for (std::size_t r = 0; r < slot.units.size(); ++r) {
-    const LiveUnit& u = *slot.units[r];
+  for (std::size_t r = 0; r < units->size(); ++r) {
+    const LiveUnit& u = *(*units)[r];
     std::vector<std::span<std::byte>> mem;
     for (const auto& m : u.memory) mem.emplace_back(m.data(), m.size());
     out.push_back({static_cast<int>(r), u.emu, u.version, shard_views(u.buffers, mem), u.buffers, mem});
