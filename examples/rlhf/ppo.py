@@ -10,8 +10,9 @@ curriculum, so the KV cache grows as the policy improves).
 Usage: PYTHONPATH=BUILD/python examples/rlhf/ppo.py [--steps N] [--seed S] [--json]
     [--check-state] [--force-transition STEP:MODEL_STAGE=SPEC ...] [--plan-changes none|every:K]
 
-Work in progress (issue 13): the live controller, --perfetto and --no-nereus are not here
-yet; transitions are the forced ones and every:K.
+Work in progress (issue 13): the live controller and --perfetto are not here yet;
+transitions are the forced ones and every:K. --no-nereus runs the same math on plain
+torch tensors with a fixed plan (the baseline for Nereus's cost).
 """
 import argparse
 import faulthandler
@@ -81,6 +82,74 @@ def init_weights(job, seed):
                     s.data.copy_(full[(src, s.tensor)][idx])
                 else:
                     s.data.zero_()
+
+
+class PlainShard:
+    def __init__(self, s):
+        self.device, self.tensor, self.slot, self.dtype, self.box = s.device, s.tensor, s.slot, s.dtype, s.box
+        self.data = torch.zeros([hi - lo for lo, hi in s.box], dtype=s.data.dtype)
+
+
+class PlainUnit:
+    def __init__(self, u):
+        self.layout, self.devices, self.replica = u.layout, u.devices, u.replica
+        self._shards = [PlainShard(s) for s in u.shards(slot=None)]
+
+    def shards(self, slot="param"):
+        return [s for s in self._shards if slot is None or s.slot == slot]
+
+
+class PlainJob:
+    """--no-nereus: the same stages and math on plain torch tensors with a fixed plan. The
+    shards' boxes come from a Nereus job's units once, at the start; nothing else does."""
+
+    def __init__(self, job):
+        self.model_stages = job.model_stages
+        self.plan = job.plan
+        self._units = {st: [PlainUnit(u) for u in job.units(st)] for st in self.model_stages}
+        self._updates = {st: 0 for st in self.model_stages}
+
+    def units(self, stage):
+        return self._units[stage]
+
+    def state(self, stage):
+        return {"update_count": self._updates[stage]}
+
+    def stage(self, name):
+        job = self
+
+        class Held:
+            def __enter__(self):
+                return job._units[name]
+
+            def __exit__(self, exc, *_):
+                if exc is None and name.endswith("/train"):
+                    job._updates[name] += 1
+                return False
+
+        return Held()
+
+    def end_step(self):
+        """Weight sync: each trained model's params into its other stages, box by box."""
+        for train in [s for s in self.model_stages if s.endswith("/train")]:
+            role = train.split("/")[0]
+            src = {}
+            for s in self._units[train][0].shards():
+                src.setdefault(s.tensor, []).append(s)
+            for stage in self.model_stages:
+                if stage == train or not stage.startswith(role + "/"):
+                    continue
+                for u in self._units[stage]:
+                    for d in u.shards():
+                        for s in src[d.tensor]:
+                            inter = [(max(a, c), min(b, e)) for (a, b), (c, e) in zip(d.box, s.box)]
+                            if all(lo < hi for lo, hi in inter):
+                                mine = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, d.box))
+                                theirs = tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(inter, s.box))
+                                d.data[mine] = s.data[theirs]
+
+    def begin_transition(self, plan):
+        raise SystemExit("ppo.py: error: --no-nereus runs a fixed plan (no transitions)")
 
 
 def split(n, parts, i):
@@ -304,6 +373,7 @@ def main():
     ap.add_argument("--force-transition", action="append", default=[])
     ap.add_argument("--plan-changes", default="none", help="none, or every:K (alternate two plans)")
     ap.add_argument("--capacity", default="64MiB")
+    ap.add_argument("--no-nereus", action="store_true", help="the same math on plain torch tensors, fixed plan")
     a = ap.parse_args()
     faulthandler.dump_traceback_later(30) if os.environ.get("PPO_DEBUG") else None
     force = parse_force(a.force_transition)
@@ -313,6 +383,10 @@ def main():
     torch.manual_seed(a.seed)
     gen = torch.Generator().manual_seed(a.seed)
     job = nereus.Job(JOB, PLAN, devices=8, capacity=a.capacity, seed=a.seed)
+    if a.no_nereus:
+        if force or every:
+            raise SystemExit("ppo.py: error: --no-nereus runs a fixed plan (no transitions)")
+        job = PlainJob(job)
     init_weights(job, a.seed)
     batch, plen = 16, 8
     length, beta, clip, lr = 8, 0.02, 0.2, 3e-3

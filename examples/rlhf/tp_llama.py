@@ -10,6 +10,9 @@ own memory (no weight is gathered).
   rows; lookups are summed, and log-probabilities are normalised across the ranks
   (max and sum of exponentials reduced, never the whole vocabulary in one tensor).
 - Pipeline stages run one after another, handing the hidden state on.
+- Batched, with a KV cache for incremental decoding, sampling per vocabulary slice
+  (Gumbel-max), a score head for value models, and training units whose master slot
+  (f32) is the autograd leaf the optimizer updates in place.
 
 On CPUs the ranks of a TP group run one after another in this process. Issue 13's PPO
 job (examples/rlhf/ppo.py) builds on this module.
