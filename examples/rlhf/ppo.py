@@ -53,16 +53,7 @@ def init_weights(job, seed):
     """Small random weights for the actor (and reference) and the critic: written once
     into the training units' master and param slots and the other stages' params."""
     g = torch.Generator().manual_seed(seed)
-    full = {}
-    for role in ("actor", "critic"):
-        for u in job.units(role + "/train"):
-            for s in u.shards(slot="master"):
-                key = (role, s.tensor)
-                if key not in full:
-                    shape = [max(hi for _, hi in [b]) for b in s.box]  # at least this shard
-                    full[key] = None
-    # Whole shapes from every unit's boxes.
-    shapes = {}
+    full, shapes = {}, {}  # whole shapes from every unit's boxes
     for stage in job.model_stages:
         role = stage.split("/")[0]
         for u in job.units(stage):
@@ -142,11 +133,9 @@ class PlainJob:
                 for u in self._units[stage]:
                     for d in u.shards():
                         for s in src[d.tensor]:
-                            inter = [(max(a, c), min(b, e)) for (a, b), (c, e) in zip(d.box, s.box)]
-                            if all(lo < hi for lo, hi in inter):
-                                mine = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, d.box))
-                                theirs = tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(inter, s.box))
-                                d.data[mine] = s.data[theirs]
+                            where = overlap(d.box, s.box)
+                            if where:
+                                d.data[where[0]] = s.data[where[1]]
 
     def begin_transition(self, plan):
         raise SystemExit("ppo.py: error: --no-nereus runs a fixed plan (no transitions)")
@@ -253,46 +242,52 @@ def adam(job, stage, models, lr, beta1=0.9, beta2=0.999, eps=1e-8):
                 params[(shard.device, name, "param", box)].data.copy_(leaf)
 
 
-def train_actor(job, st, seqs, plen, old_lp, adv, clip, lr, epochs):
+def train(job, st, stage, cfg, seqs, loss_of, lr, epochs):
+    """Epochs of one training stage: each DP unit takes its rows of the batch, its loss
+    (normalised by the whole batch) is back-propagated into its master slot, then Adam."""
     losses = []
-    with st.stage(job, "actor/train") as units:
+    with st.stage(job, stage) as units:
         for _ in range(epochs):
-            models = [tp_llama.UnitModel(ACTOR, u, train=True) for u in units]
+            models = [tp_llama.UnitModel(cfg, u, train=True) for u in units]
             total = 0.0
             for i, m in enumerate(models):
                 rows = split(len(seqs), len(models), i)
-                part = seqs[rows]
-                lp = m.token_log_probs(m.hidden(part[:, :-1])[:, plen - 1:], part[:, plen:])
-                ratio = (lp - old_lp[rows]).exp()
-                a = adv[rows]
-                loss = -torch.min(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a).sum() / adv.numel()
+                loss = loss_of(m, seqs[rows], rows)
                 loss.backward()
                 total += loss.item()
-            adam(job, "actor/train", models, lr)
+            adam(job, stage, models, lr)
             losses.append(total)
-        SNAP.take("actor/train", units)
+        SNAP.take(stage, units)
     return sum(losses) / len(losses)
 
 
-def train_critic(job, st, seqs, plen, old_v, returns, clip, lr, epochs):
-    losses = []
-    with st.stage(job, "critic/train") as units:
-        for _ in range(epochs):
-            models = [tp_llama.UnitModel(CRITIC, u, train=True) for u in units]
-            total = 0.0
-            for i, m in enumerate(models):
-                rows = split(len(seqs), len(models), i)
-                part = seqs[rows]
-                v = m.values(m.hidden(part[:, :-1]))[:, plen - 1:, 0]
-                vc = old_v[rows] + (v - old_v[rows]).clamp(-clip, clip)
-                r = returns[rows]
-                loss = 0.5 * torch.max((v - r) ** 2, (vc - r) ** 2).sum() / returns.numel()
-                loss.backward()
-                total += loss.item()
-            adam(job, "critic/train", models, lr)
-            losses.append(total)
-        SNAP.take("critic/train", units)
-    return sum(losses) / len(losses)
+def policy_loss(plen, old_lp, adv, clip):
+    def loss(m, part, rows):
+        lp = m.token_log_probs(m.hidden(part[:, :-1])[:, plen - 1:], part[:, plen:])
+        ratio = (lp - old_lp[rows]).exp()
+        a = adv[rows]
+        return -torch.min(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a).sum() / adv.numel()
+
+    return loss
+
+
+def value_loss(plen, old_v, returns, clip):
+    def loss(m, part, rows):
+        v = m.values(m.hidden(part[:, :-1]))[:, plen - 1:, 0]
+        vc = old_v[rows] + (v - old_v[rows]).clamp(-clip, clip)
+        r = returns[rows]
+        return 0.5 * torch.max((v - r) ** 2, (vc - r) ** 2).sum() / returns.numel()
+
+    return loss
+
+
+def overlap(box, other):
+    """Where two boxes meet: (slices into box's block, slices into other's block), or None."""
+    inter = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, other)]
+    if not all(lo < hi for lo, hi in inter):
+        return None
+    return (tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, box)),
+            tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(inter, other)))
 
 
 def gae(rewards, values, gamma=1.0, lam=0.95):
@@ -341,11 +336,9 @@ def same_state(before, after, stages):
         later = after[(stage, tensor, slot)]
         for box, data in boxes.items():
             for box2, data2 in later.items():
-                inter = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, box2)]
-                if all(lo < hi for lo, hi in inter):
-                    mine = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, box))
-                    theirs = tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(inter, box2))
-                    x, y = data[mine], data2[theirs]
+                where = overlap(box, box2)
+                if where:
+                    x, y = data[where[0]], data2[where[1]]
                     if not torch.equal(x.view(torch.int16) if x.element_size() == 2 else x.view(torch.int32),
                                        y.view(torch.int16) if y.element_size() == 2 else y.view(torch.int32)):
                         return f"{stage} {tensor}@{slot} box {box} differs"
@@ -417,8 +410,8 @@ def main():
         rewards[:, -1] += score
         adv, returns = gae(rewards, values)
         adv_w = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pl = train_actor(job, st, seqs, plen, old_lp, adv_w, clip, lr, epochs=2)
-        vl = train_critic(job, st, seqs, plen, values, returns, clip, lr, epochs=2)
+        pl = train(job, st, "actor/train", ACTOR, seqs, policy_loss(plen, old_lp, adv_w, clip), lr, epochs=2)
+        vl = train(job, st, "critic/train", CRITIC, seqs, value_loss(plen, values, returns, clip), lr, epochs=2)
         job.end_step()
         if pending:
             report = pending["handle"].wait()
