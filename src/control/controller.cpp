@@ -168,7 +168,9 @@ Decision Controller::step(const GlobalPlan& current, const StepObservation& o) {
     started_ = true;
   }
   const std::vector<ModelStage> stages = model_stages(job_);
-  for (const auto& [name, seconds] : o.stage_seconds) {
+  for (const auto& measured : o.stage_seconds) {
+    const std::string& name = measured.first;  // not a structured binding: clang 14 cannot capture one
+    const double seconds = measured.second;
     const auto it = std::find_if(stages.begin(), stages.end(), [&](const ModelStage& m) { return m.name() == name; });
     if (it == stages.end()) throw Error("report_step: '" + name + "' is not a model-stage of this job");
     if (!(seconds >= 0) || !std::isfinite(seconds))
