@@ -136,7 +136,6 @@ class FrameworkMemory(unittest.TestCase):
         self.assertEqual([s.data_ptr for s in shards], [t.data_ptr() for t in owned])
         for t in owned:  # the framework writes its own tensors
             t.copy_(torch.arange(t.numel(), dtype=torch.float32).reshape(t.shape).remainder(251).to(t.dtype))
-        full = {(s.tensor, "param"): None for s in shards}
         report = job.transition(plan(actor__train="tp=2,pp=1,dp=2,devices=4-7",
                                      critic__train="tp=4,pp=1,dp=1,devices=0-3"))
         self.assertTrue(report["completed"])
@@ -159,7 +158,6 @@ class FrameworkMemory(unittest.TestCase):
                             mine = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, s.box))
                             theirs = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, box))
                             self.assertTrue(torch.equal(s.data[mine], t[theirs]))
-        del full
 
     def test_bad_adoption_is_an_error(self):
         t = torch.zeros(4, dtype=torch.bfloat16)

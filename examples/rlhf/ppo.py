@@ -15,7 +15,6 @@ transitions are the forced ones and every:K. --no-nereus runs the same math on p
 torch tensors with a fixed plan (the baseline for Nereus's cost).
 """
 import argparse
-import faulthandler
 import json
 import os
 import sys
@@ -368,7 +367,6 @@ def main():
     ap.add_argument("--capacity", default="64MiB")
     ap.add_argument("--no-nereus", action="store_true", help="the same math on plain torch tensors, fixed plan")
     a = ap.parse_args()
-    faulthandler.dump_traceback_later(30) if os.environ.get("PPO_DEBUG") else None
     force = parse_force(a.force_transition)
     every = int(a.plan_changes.split(":")[1]) if a.plan_changes.startswith("every:") else 0
     if not every and a.plan_changes != "none":

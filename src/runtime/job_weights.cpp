@@ -109,17 +109,18 @@ struct Checkpoint {
 /// Writes one slot of `units` (replica 0 first; any replica holding a box will do) as a
 /// safetensors file of the model's tensors.
 void write_slot(const ModelSpec& m, const std::vector<UnitPtr>& units, Slot slot, const std::string& path) {
+  // Replica 0's shards of this slot, by tensor (replicated shards: every copy; one is written).
+  const LiveUnit& u = *units.at(0);
+  std::vector<std::span<std::byte>> mem;
+  for (const auto& b : u.memory) mem.emplace_back(b.data(), b.size());
+  std::vector<std::vector<ShardView>> by_tensor(m.tensors().size());
+  for (const ShardView& v : shard_views(u.buffers, mem))
+    if (v.slot == slot) by_tensor[v.tensor].push_back(v);
   std::vector<SafetensorsOut> out;
   for (TensorId id = 0; id < m.tensors().size(); ++id) {
     const TensorInfo& info = m.tensor(id);
-    // The shards of replica 0 that tile this tensor (replicated shards: the first copy).
-    std::vector<ShardView> parts;
+    const std::vector<ShardView>& parts = by_tensor[id];
     DType dtype = slot_dtype(slot, m.config().dtype);
-    const LiveUnit& u = *units.at(0);
-    std::vector<std::span<std::byte>> mem;
-    for (const auto& b : u.memory) mem.emplace_back(b.data(), b.size());
-    for (const ShardView& v : shard_views(u.buffers, mem))
-      if (v.tensor == id && v.slot == slot) parts.push_back(v);
     if (parts.empty()) throw Error("save: replica 0 holds no " + std::string(to_string(slot)) + " of '" + info.name + "'");
     dtype = parts[0].dtype;
     std::vector<std::int64_t> shape(info.shape.begin(), info.shape.begin() + info.rank);
