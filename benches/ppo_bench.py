@@ -1,14 +1,17 @@
 #!/usr/bin/python3
 """The PPO example's figures (examples/rlhf/ppo.py), in one run:
 
-- learning: mean reward over the last 10% of steps against the first 10%, per seed;
+- learning: mean reward over the last 10% of steps against the first 10%, per seed, in
+  the default run (the live controller, the default capacity);
+- the controller's plan changes in those runs: trigger, moved bytes, seconds, and exposed
+  seconds against the transition's duration;
 - Nereus's cost: median step seconds with Nereus managing the units against the same
-  math on plain torch tensors (--no-nereus), same seed, runs alternating;
-- same run, different plans: whether the Nereus run and the plain run of one seed give
-  the same rewards step for step (they compute the same math on the same bytes).
+  math on plain torch tensors (--no-nereus), both on the fixed first plan (--plan-changes
+  none, with room for the longest responses), for the first seed;
+- same math: whether those two runs give the same rewards step for step.
 
-Usage: PYTHONPATH=BUILD/python benches/ppo_bench.py [--seeds 1,2,3,4,5] [--steps 40]
-Prints one JSON line. Not part of CI (minutes).
+Usage: PYTHONPATH=BUILD/python benches/ppo_bench.py [--seeds 1,2,3,4,5] [--steps 50]
+Prints one JSON line. Not part of CI (tens of minutes).
 """
 import argparse
 import json
@@ -20,34 +23,41 @@ import sys
 PPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "rlhf", "ppo.py")
 
 
-def run(seed, steps, plain):
-    args = [sys.executable, PPO, "--steps", str(steps), "--seed", str(seed), "--json"] + (["--no-nereus"] if plain else [])
+def run(seed, steps, *extra):
+    args = [sys.executable, PPO, "--steps", str(steps), "--seed", str(seed), "--json", *extra]
     r = subprocess.run(args, capture_output=True, text=True, check=True)
-    return json.loads(r.stdout)["steps"]
+    return json.loads(r.stdout)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="1,2,3,4,5")
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=50)
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
-    per_seed, nereus_s, plain_s, identical = [], [], [], []
+    per_seed, exposed = [], []
     for seed in seeds:
-        steps = run(seed, a.steps, plain=False)
-        plain = run(seed, a.steps, plain=True)
+        out = run(seed, a.steps)
+        steps = out["steps"]
         n = max(1, len(steps) // 10)
-        first = statistics.mean(s["reward_mean"] for s in steps[:n])
-        last = statistics.mean(s["reward_mean"] for s in steps[-n:])
-        per_seed.append({"seed": seed, "reward_first_10pct": first, "reward_last_10pct": last})
-        nereus_s.append(statistics.median(s["seconds"] for s in steps))
-        plain_s.append(statistics.median(s["seconds"] for s in plain))
-        identical.append([s["reward_mean"] for s in steps] == [s["reward_mean"] for s in plain])
+        per_seed.append({"seed": seed,
+                         "reward_first_10pct": statistics.mean(s["reward_mean"] for s in steps[:n]),
+                         "reward_last_10pct": statistics.mean(s["reward_mean"] for s in steps[-n:]),
+                         "total_seconds": sum(s["seconds"] for s in steps),
+                         "transitions": [{k: t[k] for k in ("step", "trigger", "moved_bytes", "seconds", "exposed_seconds")}
+                                         for t in out["transitions"]]})
+        exposed += [t["exposed_seconds"] / t["seconds"] for t in out["transitions"] if t["seconds"] > 0]
+    fixed = ["--plan-changes", "none", "--capacity", "64MiB"]
+    nereus = run(seeds[0], a.steps, *fixed)["steps"]
+    plain = run(seeds[0], a.steps, *fixed, "--no-nereus")["steps"]
+    nereus_s = statistics.median(s["seconds"] for s in nereus)
+    plain_s = statistics.median(s["seconds"] for s in plain)
     print(json.dumps({"bench": "ppo", "steps": a.steps, "seeds": per_seed,
-                      "median_step_seconds_nereus": statistics.median(nereus_s),
-                      "median_step_seconds_plain": statistics.median(plain_s),
-                      "nereus_over_plain": statistics.median(nereus_s) / statistics.median(plain_s),
-                      "rewards_identical_to_plain": identical}))
+                      "exposed_over_duration_median": statistics.median(exposed) if exposed else None,
+                      "exposed_over_duration_max": max(exposed) if exposed else None,
+                      "median_step_seconds_nereus": nereus_s, "median_step_seconds_plain": plain_s,
+                      "nereus_over_plain": nereus_s / plain_s,
+                      "rewards_identical_to_plain": [s["reward_mean"] for s in nereus] == [s["reward_mean"] for s in plain]}))
 
 
 if __name__ == "__main__":

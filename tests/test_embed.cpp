@@ -196,6 +196,38 @@ TEST_CASE("embed: a stage held from the framework's side lets a transition on ot
   CHECK(job.state("critic/infer").policy_version == 0);
 }
 
+TEST_CASE("embed: a stage's workspace comes from its devices' budget while it runs; step peaks count it") {
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  Job job(io.get_executor(), spec, load_global_plan(spec, kPlanTp4), opts());
+  std::vector<std::uint64_t> before;
+  for (const DeviceUse& d : job.devices()) before.push_back(d.used);
+  const std::uint64_t ws = 3 << 20;
+  job.set_workspace("critic/infer", ws);  // devices 2-3
+  {
+    StageLease lease = run_on(io, job.enter_stage("critic/infer"));
+    const UnitContext& u = lease.units()[0];
+    for (DeviceId d : u.emu().gpus) {
+      REQUIRE(u.workspace(d).size() == ws);
+      std::memset(u.workspace(d).data(), 0x5a, ws);  // it is the caller's memory
+      CHECK(job.devices()[static_cast<std::size_t>(d)].used == before[static_cast<std::size_t>(d)] + ws);
+      CHECK(job.devices()[static_cast<std::size_t>(d)].step_peak == before[static_cast<std::size_t>(d)] + ws);
+    }
+    CHECK(u.workspace(0).empty());  // not one of its devices
+    lease.leave();
+  }
+  CHECK(job.devices()[2].used == before[2]);
+  CHECK(job.devices()[2].step_peak == before[2] + ws);  // until the step ends
+  CHECK(job.devices()[0].step_peak == 0);               // no stage ran there yet
+  // More than a device has: one error naming the stage's workspace; nothing stays held.
+  job.set_workspace("critic/infer", std::uint64_t{1} << 30);
+  CHECK(has(error_of([&] { run_on(io, job.enter_stage("critic/infer")); }), "critic/infer workspace"));
+  CHECK(job.devices()[2].used == before[2]);
+  job.set_workspace("critic/infer", 0);
+  CHECK(run_on(io, job.enter_stage("critic/infer")).units().size() == 1);
+  CHECK(has(error_of([&] { job.set_workspace("critic/nothing", 1); }), "not a model-stage"));
+}
+
 TEST_CASE("embed: safetensors load into every unit's boxes and save back with the same names") {
   asio::io_context io;
   const JobSpec spec = load_job("ppo-tiny");

@@ -1,17 +1,22 @@
 #!/usr/bin/python3
-"""A short PPO run on Nereus (examples/rlhf/ppo.py): forced transitions of every kind the
-example's plan allows (the actor's PP split, the critic's training layout, a placement
-change of the reference) begun mid-step, each checked bit for bit with --check-state.
+"""Short PPO runs on Nereus (examples/rlhf/ppo.py):
+- forced transitions of every kind the example's plan allows (the actor's PP split, the
+  critic's training layout, a placement change of the reference) begun mid-step, each
+  checked bit for bit with --check-state (fixed plan otherwise, room for every layout);
+- the default run (live controller, the default capacity) for a few steps with one forced
+  change and --perfetto: the trace's structure.
 Usage: test_ppo.py PPO_PY"""
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 
 def main(ppo):
     forced = ["1:actor/train=tp=1,pp=2,dp=1,devices=4-5", "2:critic/train=tp=1,pp=1,dp=2,devices=6-7",
               "3:reference/infer=tp=1,pp=1,dp=2,devices=4-5"]
-    args = [sys.executable, ppo, "--steps", "5", "--json", "--check-state"]
+    args = [sys.executable, ppo, "--steps", "5", "--json", "--check-state", "--plan-changes", "none", "--capacity", "64MiB"]
     for f in forced:
         args += ["--force-transition", f]
     r = subprocess.run(args, capture_output=True, text=True, timeout=240)
@@ -21,7 +26,9 @@ def main(ppo):
         nonlocal failed
         print(("ok   " if ok else "FAIL ") + what)
         failed += not ok
+        check.failed = failed
 
+    check.failed = 0
     check(r.returncode == 0, f"ppo.py exits 0 (rc {r.returncode}): {r.stderr[-1500:]}")
     try:
         out = json.loads(r.stdout)
@@ -39,7 +46,50 @@ def main(ppo):
     check(plan["actor/train"].startswith("tp=1,pp=2,dp=1,") and plan["critic/train"].startswith("tp=1,pp=1,dp=2,")
           and plan["reference/infer"].startswith("tp=1,pp=1,dp=2,"),
           f"the final plan has the forced layouts: {plan}")
-    return 1 if failed else 0
+    return failed + default_run_trace(ppo, check)
+
+
+def nested(events):
+    """Events of one track either nest or do not overlap."""
+    open_ends = []
+    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        while open_ends and open_ends[-1] <= e["ts"]:
+            open_ends.pop()
+        if open_ends and e["ts"] + e["dur"] > open_ends[-1] + 1e-3:
+            return False
+        open_ends.append(e["ts"] + e["dur"])
+    return True
+
+
+def default_run_trace(ppo, check):
+    failed_before = check.failed
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        r = subprocess.run([sys.executable, ppo, "--steps", "3", "--json", "--perfetto", path,
+                            "--force-transition", "1:reference/infer=tp=1,pp=1,dp=2,devices=0-1"],
+                           capture_output=True, text=True, timeout=240)
+        check(r.returncode == 0, f"the default run exits 0 (rc {r.returncode}): {r.stderr[-1500:]}")
+        if r.returncode != 0:
+            return 1
+        out = json.loads(r.stdout)
+        check("decisions" in out and len(out["transitions"]) == 1, "decisions reported; the forced transition ran")
+        t = out["transitions"][0]
+        check({"current_seconds", "target_seconds", "transition_seconds", "horizon_steps", "copied_bytes"} <= set(t),
+              "a transition carries the controller's numbers (None when forced) and its bytes")
+        with open(path) as f:
+            trace = json.load(f)
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    check(all(e["dur"] >= 0 for e in events), "complete events with non-negative durations")
+    tracks = {}
+    for e in events:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    check(all(nested(v) for v in tracks.values()), "events nest on every track")
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    check({"steps", "device 0: stages", "device 0: transition"} <= names, f"tracks per device: {sorted(names)}")
+    nodes = {e["args"]["node"]: e["args"]["bytes"] for e in events if "node" in e.get("args", {})}
+    check(sum(nodes.values()) == t["copied_bytes"] > 0,
+          f"every copied byte is in one transition event: {sum(nodes.values())} of {t['copied_bytes']}")
+    return check.failed - failed_before
 
 
 if __name__ == "__main__":

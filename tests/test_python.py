@@ -240,7 +240,64 @@ class NeverStall(unittest.TestCase):
         self.assertEqual(job.plan["critic/train"], "tp=2,pp=2,dp=1,devices=4-7")
 
 
+class Workspace(unittest.TestCase):
+    def test_a_stage_workspace_is_memory_of_its_devices_while_it_runs(self):
+        job = new_job()
+        used = {d["device"]: d["used"] for d in job.devices()}
+        job.set_workspace("actor/generate", 1 << 20)
+        with job.stage("actor/generate") as units:
+            ws = units[0].workspace(units[0].devices[0])
+            self.assertEqual(ws.nbytes, 1 << 20)
+            data = ws.data
+            self.assertEqual((data.dtype, data.numel()), (torch.uint8, 1 << 20))
+            data.view(torch.bfloat16).fill_(1.5)  # a KV cache, say
+            self.assertEqual(ws.data.view(torch.bfloat16)[-1].item(), 1.5)
+            during = {d["device"]: d for d in job.devices()}
+            for u in units:
+                for dev in u.devices:
+                    self.assertEqual(during[dev]["used"], used[dev] + (1 << 20))
+                    self.assertEqual(during[dev]["step_peak"], used[dev] + (1 << 20))
+            with self.assertRaisesRegex(nereus.Error, "no workspace on device 7"):
+                units[0].workspace(7)
+        self.assertEqual({d["device"]: d["used"] for d in job.devices()}, used)
+        self.assertGreater(max(d["step_peak"] for d in job.devices()), 0)
+        for stage in job.model_stages:
+            if stage != "actor/generate":
+                with job.stage(stage):
+                    pass
+        job.end_step()
+        self.assertEqual(max(d["step_peak"] for d in job.devices()), 0)
+
+    def test_a_workspace_over_capacity_is_an_error_and_the_stage_stays_usable(self):
+        job = new_job()
+        job.set_workspace("actor/generate", 1 << 30)
+        with self.assertRaisesRegex(nereus.Error, "actor/generate workspace"):
+            with job.stage("actor/generate"):
+                pass
+        job.set_workspace("actor/generate", 0)
+        with job.stage("actor/generate") as units:
+            self.assertEqual(len(units), 2)
+        with self.assertRaisesRegex(nereus.Error, "not a model-stage"):
+            job.set_workspace("actor/nothing", 1)
+
+
 class Controller(unittest.TestCase):
+    def test_memory_the_next_step_would_need_makes_an_urgent_change(self):
+        # The measured peak calibrates the memory estimate; responses so long that the
+        # current plan would not fit force a change even where time gains never pay back.
+        job = new_job(capacity="24MiB", gamma=1e-4)
+        peak = max(d["used"] for d in job.devices())
+        times = {s: 0.5 for s in job.model_stages}
+        d = job.report_step(times, 8, 8, peak_bytes=peak, next_response_len_mean=8, next_response_len_p95=8)
+        self.assertEqual(d["trigger"], "")
+        d = job.report_step(times, 8, 8, peak_bytes=peak, next_response_len_mean=512, next_response_len_p95=512)
+        self.assertEqual((d["trigger"], d["admitted"]), ("length", False))
+        d = job.report_step(times, 8, 8, peak_bytes=peak, next_response_len_mean=2048, next_response_len_p95=2048)
+        self.assertIn("memory", d["trigger"])
+        self.assertTrue(d["urgent"] and d["admitted"], d["why"])
+        self.assertTrue(job.transition(d["target"])["completed"])
+
+
     def test_report_step_returns_the_decision_with_its_numbers(self):
         job = new_job()
         for stage in job.model_stages:

@@ -95,5 +95,35 @@ class TensorParallelForward(unittest.TestCase):
                 job.transition(BASE)
 
 
+class KVCacheDecoding(unittest.TestCase):
+    def test_incremental_decoding_matches_the_full_forward(self):
+        """Prefill, then one token at a time through the cache: the last hidden state as
+        from the whole sequence at once, up to the cache's bf16 rounding of k and v."""
+        with open(CONFIG) as f:
+            cfg = json.load(f)
+        job = nereus.Job("ppo-tiny", BASE, devices=8, capacity="64MiB")
+        g = torch.Generator().manual_seed(7)
+        for s in job.units("actor/train")[0].shards(slot="param"):
+            s.data.copy_((1.0 if s.tensor.endswith("norm.weight") else 0.0) + 0.08 * torch.randn(s.shape, generator=g))
+        ids = torch.randint(0, cfg["vocab_size"], (3, 10), generator=g)
+        for layout in ("tp=1,pp=1,dp=1,devices=4", "tp=2,pp=2,dp=1,devices=4-7", "tp=4,pp=1,dp=1,devices=4-7"):
+            with self.subTest(layout=layout):
+                self.assertTrue(job.transition(dict(BASE, **{"actor/train": layout}))["completed"])
+                m = tp_llama.UnitModel(cfg, job.units("actor/train")[0])
+                want = m.hidden(ids)[:, -1]
+                given = {}
+                cache = tp_llama.KVCache(m, 3, 10, lambda d, n: given.setdefault(d, torch.empty(n, dtype=torch.uint8)))
+                h = m.hidden(ids[:, :4], 0, cache)
+                for t in range(4, 10):
+                    h = m.hidden(ids[:, t:t + 1], t, cache)
+                torch.testing.assert_close(h[:, -1], want, rtol=3e-2, atol=3e-2)
+                # Each device's share: k and v of its layers and kv heads, bf16.
+                tp, pp = int(layout[3]), int(layout[8])
+                kvh = max(1, cfg["num_key_value_heads"] // tp)
+                layers = -(-cfg["num_hidden_layers"] // pp)
+                self.assertEqual(tp_llama.KVCache.nbytes(m, 3, 10), 2 * 2 * 3 * kvh * 10 * cfg["head_dim"] * layers)
+                self.assertEqual(len(given), tp * pp)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

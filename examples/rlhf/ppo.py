@@ -3,16 +3,23 @@
 in Nereus units, every stage computes on the units' shards with tensor and pipeline
 parallelism (tp_llama.py), and plan changes run while the following stages compute.
 
-Task: a verifiable (rule) reward, the share of response tokens that are digits (token
-ids 0-9); responses grow 8 tokens longer each time the mean reward passes 0.5 (a length
-curriculum, so the KV cache grows as the policy improves).
+Task: a verifiable (rule) reward, the share of response tokens that are numbers (token
+ids 0-99), each numeric token earning 1/len; responses grow 8 tokens longer each time
+the mean reward passes 0.4, up to 40 (a length curriculum). Generation keeps its KV cache
+in the units' workspace, allocated from the devices' capacity, so the cache grows
+against what the plan leaves free.
+
+Plan changes (--plan-changes): `controller` (default) reports each completed step's
+stage times and memory peak to the live controller after the next generation, with the
+next step's response length, and begins the transition it admits; `every:K` alternates
+two plans; `none` keeps the first plan (at the default capacity it runs out of memory
+once responses reach 32 tokens). --force-transition STEP:MODEL_STAGE=SPEC changes a
+stage's layout at a step. --no-nereus runs the same math on plain torch tensors with a
+fixed plan (the baseline for Nereus's cost). See docs/embedding.md.
 
 Usage: PYTHONPATH=BUILD/python examples/rlhf/ppo.py [--steps N] [--seed S] [--json]
-    [--check-state] [--force-transition STEP:MODEL_STAGE=SPEC ...] [--plan-changes none|every:K]
-
-Work in progress (issue 13): the live controller and --perfetto are not here yet;
-transitions are the forced ones and every:K. --no-nereus runs the same math on plain
-torch tensors with a fixed plan (the baseline for Nereus's cost).
+    [--check-state] [--perfetto FILE] [--plan-changes controller|none|every:K]
+    [--force-transition STEP:MODEL_STAGE=SPEC ...] [--capacity BYTES] [--no-nereus]
 """
 import argparse
 import json
@@ -28,15 +35,24 @@ import tp_llama  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-JOB = os.path.join(HERE, "ppo-tiny-rule.json")
+JOBS = {"ppo": os.path.join(HERE, "ppo-tiny-rule.json"), "grpo": os.path.join(HERE, "grpo-tiny-rule.json")}
+GROUP = 4  # GRPO: samples per prompt (grpo-tiny-rule.json)
+# The framework's first plan: generation shares the actor's training devices (as a hybrid
+# engine does), so its KV cache grows against what training leaves free.
 PLAN = {
-    "actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
+    "actor/generate": "tp=1,pp=1,dp=2,devices=4-5",
     "actor/infer": "tp=2,pp=1,dp=1,devices=0-1",
     "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
-    "reference/infer": "tp=2,pp=1,dp=1,devices=4-5",
+    "reference/infer": "tp=2,pp=1,dp=1,devices=0-1",
     "actor/train": "tp=2,pp=1,dp=1,devices=4-5",
     "critic/train": "tp=2,pp=1,dp=1,devices=6-7",
 }
+CAPACITY = "12.6MiB"
+# The payback rule's γ: this small, only changes that memory forces are admitted. On CPUs
+# a TP group's ranks run one after another, so the cost model's time gains from TP are not
+# real here; the memory that the KV cache presses against is.
+GAMMA = 1e-4
+GROW_AT, MAX_LEN = 0.4, 40
 ALTERNATE = dict(PLAN, **{"actor/train": "tp=1,pp=2,dp=1,devices=4-5", "critic/train": "tp=1,pp=1,dp=2,devices=6-7"})
 
 
@@ -81,12 +97,18 @@ class PlainShard:
 
 
 class PlainUnit:
-    def __init__(self, u):
+    def __init__(self, u, job):
         self.layout, self.devices, self.replica = u.layout, u.devices, u.replica
         self._shards = [PlainShard(s) for s in u.shards(slot=None)]
+        self._job = job
 
     def shards(self, slot="param"):
         return [s for s in self._shards if slot is None or s.slot == slot]
+
+    def workspace(self, device):
+        class Workspace:
+            data = torch.empty(self._job.workspace, dtype=torch.uint8)
+        return Workspace()
 
 
 class PlainJob:
@@ -96,8 +118,12 @@ class PlainJob:
     def __init__(self, job):
         self.model_stages = job.model_stages
         self.plan = job.plan
-        self._units = {st: [PlainUnit(u) for u in job.units(st)] for st in self.model_stages}
+        self._units = {st: [PlainUnit(u, self) for u in job.units(st)] for st in self.model_stages}
         self._updates = {st: 0 for st in self.model_stages}
+        self.workspace = 0
+
+    def set_workspace(self, stage, nbytes):
+        self.workspace = nbytes
 
     def units(self, stage):
         return self._units[stage]
@@ -136,6 +162,9 @@ class PlainJob:
                             if where:
                                 d.data[where[0]] = s.data[where[1]]
 
+    def devices(self):
+        return []
+
     def begin_transition(self, plan):
         raise SystemExit("ppo.py: error: --no-nereus runs a fixed plan (no transitions)")
 
@@ -145,10 +174,11 @@ def split(n, parts, i):
 
 
 class Step:
-    """Stage times of one step, and the time spent waiting to enter stages."""
+    """Stage times of one step, the time spent waiting to enter stages, and each stage's
+    span on its devices (for --perfetto)."""
 
     def __init__(self):
-        self.seconds, self.waited = {}, 0.0
+        self.seconds, self.waited, self.spans = {}, 0.0, []
 
     def stage(self, job, name):
         step = self
@@ -157,26 +187,36 @@ class Step:
             def __enter__(self):
                 t0 = time.perf_counter()
                 self.ctx = job.stage(name)
-                units = self.ctx.__enter__()
+                self.units = self.ctx.__enter__()
                 self.t1 = time.perf_counter()
                 step.waited += self.t1 - t0
-                return units
+                return self.units
 
             def __exit__(self, *exc):
-                step.seconds[name] = time.perf_counter() - self.t1
+                t2 = time.perf_counter()
+                step.seconds[name] = t2 - self.t1
+                devices = sorted({d for u in self.units for d in u.devices})
+                step.spans.append((name, self.t1, t2, devices))
                 return self.ctx.__exit__(*exc)
 
         return Held()
 
 
 def generate(job, st, prompts, length, gen):
+    """Sampling with a KV cache in each unit's workspace: sized for the whole response up
+    front and allocated from the devices' capacity while the stage runs."""
     out = []
+    total = prompts.shape[1] + length
+    units = job.units("actor/generate")
+    rows = [split(len(prompts), len(units), i) for i in range(len(units))]
+    job.set_workspace("actor/generate", max(tp_llama.KVCache.nbytes(tp_llama.UnitModel(ACTOR, u), r.stop - r.start, total)
+                                            for u, r in zip(units, rows)))
     with st.stage(job, "actor/generate") as units:
         with torch.no_grad():
             for i, u in enumerate(units):
                 m = tp_llama.UnitModel(ACTOR, u)
-                part = prompts[split(len(prompts), len(units), i)]
-                cache = {}
+                part = prompts[rows[i]]
+                cache = tp_llama.KVCache(m, len(part), total, lambda d, n, u=u: u.workspace(d).data[:n])
                 h = m.hidden(part, 0, cache)
                 seq = part
                 for t in range(length):
@@ -260,6 +300,20 @@ def train(job, st, stage, cfg, seqs, loss_of, lr, epochs):
     return sum(losses) / len(losses)
 
 
+def grpo_loss(plen, old_lp, ref_lp, adv, clip, beta):
+    """GRPO: the clipped surrogate with group-relative advantages, and the KL to the
+    reference as a loss term (the k3 estimator), per token."""
+    def loss(m, part, rows):
+        lp = m.token_log_probs(m.hidden(part[:, :-1])[:, plen - 1:], part[:, plen:])
+        ratio = (lp - old_lp[rows]).exp()
+        a = adv[rows]
+        surrogate = torch.min(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a)
+        d = ref_lp[rows] - lp
+        return -(surrogate - beta * (d.exp() - d - 1)).sum() / adv.numel()
+
+    return loss
+
+
 def policy_loss(plen, old_lp, adv, clip):
     def loss(m, part, rows):
         lp = m.token_log_probs(m.hidden(part[:, :-1])[:, plen - 1:], part[:, plen:])
@@ -316,6 +370,9 @@ class Snapshots:
 
     STAGES = ("actor/train", "critic/train", "reference/infer")
 
+    def stages(self, job):
+        return [s for s in self.STAGES if s in job.model_stages]
+
     def __init__(self):
         self.armed, self.before = False, {}
 
@@ -356,96 +413,184 @@ def parse_force(items):
     return out
 
 
+class Trace:
+    """--perfetto: a Chrome/Perfetto trace (ui.perfetto.dev) with, per device, a track of
+    the stages computing on it and tracks of the transition's builds and frees of its
+    units (one track per overlapping build), so a transition is seen hiding behind steps."""
+
+    def __init__(self, origin):
+        self.origin, self.events, self.lanes, self.names, self.transitions = origin, [], {}, {}, 0
+
+    def _us(self, t):
+        return round((t - self.origin) * 1e6, 1)
+
+    def _track(self, tid, name):
+        self.names[tid] = name
+        return tid
+
+    def step(self, k, st, t0, t1):
+        self.events.append({"name": f"step {k}", "ph": "X", "pid": 0, "tid": self._track(0, "steps"),
+                            "ts": self._us(t0), "dur": self._us(t1) - self._us(t0), "args": {"step": k}})
+        for name, a, b, devices in st.spans:
+            for d in devices:
+                self.events.append({"name": name, "ph": "X", "pid": 0, "tid": self._track(1000 * (d + 1), f"device {d}: stages"),
+                                    "ts": self._us(a), "dur": self._us(b) - self._us(a), "args": {"step": k}})
+
+    def transition(self, began, report):
+        for i, n in enumerate(report["nodes"]):
+            a, b = began + n["start"], began + max(n["start"], n["end"])
+            for d in n["devices"]:
+                lanes = self.lanes.setdefault(d, [])
+                lane = next((i for i, end in enumerate(lanes) if end <= a), len(lanes))
+                if lane == len(lanes):
+                    lanes.append(b)
+                lanes[lane] = b
+                tid = self._track(1000 * (d + 1) + 1 + lane, f"device {d}: transition" + (f" ({lane + 1})" if lane else ""))
+                self.events.append({"name": f"{n['kind']} {n['unit']}", "ph": "X", "pid": 0, "tid": tid,
+                                    "ts": self._us(a), "dur": self._us(b) - self._us(a),
+                                    "args": {"bytes": n["bytes"], "node": f"{self.transitions}.{i}", "devices": n["devices"]}})
+        self.transitions += 1
+
+    def write(self, path):
+        meta = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "ppo.py"}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": n}} for t, n in self.names.items()]
+        meta += [{"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": t, "args": {"sort_index": t}} for t in self.names]
+        with open(path, "w") as f:
+            json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms"}, f)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--check-state", action="store_true")
-    ap.add_argument("--force-transition", action="append", default=[])
-    ap.add_argument("--plan-changes", default="none", help="none, or every:K (alternate two plans)")
-    ap.add_argument("--capacity", default="64MiB")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--check-state", action="store_true", help="compare every stage's state bit for bit across transitions")
+    ap.add_argument("--force-transition", action="append", default=[], metavar="STEP:MODEL_STAGE=SPEC")
+    ap.add_argument("--plan-changes", default="controller", help="controller (default), none, or every:K (alternate two plans)")
+    ap.add_argument("--capacity", default=CAPACITY, help=f"bytes per device (default {CAPACITY})")
+    ap.add_argument("--perfetto", metavar="FILE", help="write a Perfetto/Chrome trace of stages and transitions")
+    ap.add_argument("--algorithm", choices=sorted(JOBS), default="ppo",
+                    help="ppo (actor, critic, reference) or grpo (group-relative advantages, no critic)")
     ap.add_argument("--no-nereus", action="store_true", help="the same math on plain torch tensors, fixed plan")
     a = ap.parse_args()
     force = parse_force(a.force_transition)
     every = int(a.plan_changes.split(":")[1]) if a.plan_changes.startswith("every:") else 0
-    if not every and a.plan_changes != "none":
-        raise SystemExit(f"ppo.py: error: --plan-changes {a.plan_changes}: this version takes none or every:K")
+    controller = a.plan_changes == "controller"
+    if not every and not controller and a.plan_changes != "none":
+        raise SystemExit(f"ppo.py: error: --plan-changes {a.plan_changes}: takes controller, none or every:K")
     torch.manual_seed(a.seed)
     gen = torch.Generator().manual_seed(a.seed)
-    job = nereus.Job(JOB, PLAN, devices=8, capacity=a.capacity, seed=a.seed)
+    grpo = a.algorithm == "grpo"
+    plan, alternate = ({k: v for k, v in p.items() if not (grpo and k.startswith("critic/"))} for p in (PLAN, ALTERNATE))
+    job = nereus.Job(JOBS[a.algorithm], plan, devices=8, capacity=a.capacity, seed=a.seed, gamma=GAMMA)
     if a.no_nereus:
         if force or every:
             raise SystemExit("ppo.py: error: --no-nereus runs a fixed plan (no transitions)")
-        job = PlainJob(job)
+        job, controller = PlainJob(job), False
     init_weights(job, a.seed)
     batch, plen = 16, 8
     length, beta, clip, lr = 8, 0.02, 0.2, 3e-3
-    steps, transitions, checks = [], [], {"passed": 0, "failed": 0}
-    handle, pending = None, None
+    steps, transitions, decisions, checks = [], [], [], {"passed": 0, "failed": 0}
+    pending, prev = None, None  # a transition in flight; the last complete step's measurements
+    origin = time.perf_counter()
+    trace = Trace(origin) if a.perfetto else None
     for k in range(a.steps):
         st = Step()
         t0 = time.perf_counter()
-        prompts = torch.randint(10, 100, (batch, plen), generator=gen)
+        prompts = torch.randint(100, ACTOR["vocab_size"], (batch // GROUP if grpo else batch, plen), generator=gen)
+        if grpo:
+            prompts = prompts.repeat_interleave(GROUP, 0)
         seqs = generate(job, st, prompts, length, gen)
-        target = None
+        resp = seqs[:, plen:]
+        numeric = (resp < 100).float()
+        score = numeric.mean(1)
+        # The curriculum: responses grow once the policy writes enough numbers.
+        next_length = length + 8 if score.mean().item() > GROW_AT and length < MAX_LEN else length
+        target, decision = None, None
         if k in force:
-            target = dict(job.plan, **force[k])
+            target, trigger = dict(job.plan, **force[k]), "forced"
         elif every and k % every == every - 1:
-            target = ALTERNATE if job.plan["actor/train"] == PLAN["actor/train"] else PLAN
+            target, trigger = alternate if job.plan["actor/train"] == plan["actor/train"] else plan, a.plan_changes
+        elif controller and prev:
+            # The last complete step's stage times and memory peak, and the next step's
+            # response length: the controller answers whether the plan should change.
+            decision = job.report_step(prev["stage_seconds"], prev["length"], prev["length"], peak_bytes=prev["peak"],
+                                       next_response_len_mean=next_length, next_response_len_p95=next_length)
+            if decision["replanned"]:
+                decisions.append({key: decision[key] for key in ("step", "trigger", "admitted", "why", "current_seconds",
+                                                                 "target_seconds", "transition_seconds", "horizon_steps",
+                                                                 "moved_bytes", "decision_ms")} | {"at_step": k})
+            if decision["admitted"]:
+                target, trigger = decision["target"], decision["trigger"]
         if target is not None and target != job.plan:
+            began = time.perf_counter()
             handle = job.begin_transition(target)  # runs while the rest of the step computes
-            pending = {"step": k, "trigger": "forced" if k in force else a.plan_changes, "handle": handle,
-                       "began": time.perf_counter()}
+            pending = {"step": k, "trigger": trigger, "handle": handle, "began": began, "waited": st.waited,
+                       "decision": decision}
             SNAP.armed, SNAP.before = a.check_state, {}
         old_lp = infer_log_probs(job, st, "actor/infer", seqs, plen, ACTOR)
         ref_lp = infer_log_probs(job, st, "reference/infer", seqs, plen, ACTOR)
-        values = infer_values(job, st, seqs, plen)
-        resp = seqs[:, plen:]
-        score = (resp < 10).float().mean(1)
         kl = old_lp - ref_lp
-        rewards = -beta * kl
-        rewards[:, -1] += score
-        adv, returns = gae(rewards, values)
-        adv_w = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pl = train(job, st, "actor/train", ACTOR, seqs, policy_loss(plen, old_lp, adv_w, clip), lr, epochs=2)
-        vl = train(job, st, "critic/train", CRITIC, seqs, value_loss(plen, values, returns, clip), lr, epochs=2)
+        if grpo:
+            # Each sequence's score against its group's (the same prompt's samples).
+            g = score.view(-1, GROUP)
+            adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-6)).view(-1)
+            adv_w = adv[:, None].expand_as(old_lp)
+            pl = train(job, st, "actor/train", ACTOR, seqs, grpo_loss(plen, old_lp, ref_lp, adv_w, clip, beta), lr, epochs=2)
+            vl = 0.0
+        else:
+            values = infer_values(job, st, seqs, plen)
+            # Dense rule reward: each numeric token earns 1/len (the step's score sums them).
+            rewards = -beta * kl + numeric / resp.shape[1]
+            adv, returns = gae(rewards, values)
+            adv_w = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pl = train(job, st, "actor/train", ACTOR, seqs, policy_loss(plen, old_lp, adv_w, clip), lr, epochs=2)
+            vl = train(job, st, "critic/train", CRITIC, seqs, value_loss(plen, values, returns, clip), lr, epochs=2)
+        peak = max([d["step_peak"] for d in job.devices()], default=0)
         job.end_step()
         if pending:
+            w0 = time.perf_counter()
             report = pending["handle"].wait()
+            exposed = st.waited - pending["waited"] + time.perf_counter() - w0
             if SNAP.armed:
                 SNAP.armed = False
                 after = {}
-                for stage in Snapshots.STAGES:
+                for stage in SNAP.stages(job):
                     state_of(stage, job.units(stage), after)
                 # Training stages: every slot; generation and inference stages of trained
                 # models were synced or rebuilt from them; the reference is checked as is.
-                bad = same_state(SNAP.before, after, set(Snapshots.STAGES))
+                bad = same_state(SNAP.before, after, set(SNAP.stages(job)))
                 checks["passed" if not bad else "failed"] += 1
                 if bad:
                     print("check-state:", bad, file=sys.stderr)
-            pending["report"] = report
-        seconds = time.perf_counter() - t0
-        if pending:
-            r = pending["report"]
-            transitions.append({"step": pending["step"], "trigger": pending["trigger"], "completed": r["completed"],
-                                "moved_bytes": r["moved_bytes"], "seconds": r["seconds"],
-                                "exposed_seconds": None, "plan": job.plan})
+            d = pending["decision"] or {}
+            transitions.append({"step": pending["step"], "trigger": pending["trigger"], "completed": report["completed"],
+                                "error": report["error"], "current_seconds": d.get("current_seconds"),
+                                "target_seconds": d.get("target_seconds"),
+                                "transition_seconds": d.get("transition_seconds"), "horizon_steps": d.get("horizon_steps"),
+                                "moved_bytes": report["moved_bytes"], "copied_bytes": report["copied_bytes"],
+                                "seconds": report["seconds"],
+                                "exposed_seconds": exposed, "plan": job.plan})
+            if trace:
+                trace.transition(pending["began"], report)
             pending = None
-        if transitions and transitions[-1]["exposed_seconds"] is None and transitions[-1]["step"] == k - 1:
-            transitions[-1]["exposed_seconds"] = st.waited
+        t1 = time.perf_counter()
+        if trace:
+            trace.step(k, st, t0, t1)
         steps.append({"step": k, "reward_mean": score.mean().item(), "policy_loss": pl, "value_loss": vl,
-                      "kl": kl.mean().item(), "response_len": length, "seconds": seconds,
+                      "kl": kl.mean().item(), "response_len": length, "seconds": t1 - t0, "peak_bytes": peak,
                       "stage_seconds": st.seconds, "plan": job.plan})
         if not a.json:
             print(f"step {k:3d} reward {score.mean().item():.3f} len {length:2d} kl {kl.mean().item():+.4f} "
-                  f"pl {pl:+.4f} vl {vl:.4f} {seconds:.2f}s", flush=True)
-        if score.mean().item() > 0.5 and length < 48:
-            length += 8
-    for t in transitions:
-        if t["exposed_seconds"] is None:
-            t["exposed_seconds"] = 0.0
-    out = {"steps": steps, "transitions": transitions, "state_checks": checks}
+                  f"pl {pl:+.4f} vl {vl:.4f} peak {peak / 2**20:.2f} MiB {t1 - t0:.2f}s"
+                  + (f"  transition ({transitions[-1]['trigger']}) {transitions[-1]['seconds']:.2f}s, "
+                     f"exposed {transitions[-1]['exposed_seconds']:.3f}s"
+                     if transitions and transitions[-1]["step"] == k else ""), flush=True)
+        prev = {"stage_seconds": st.seconds, "length": length, "peak": peak}
+        length = next_length
+    if trace:
+        trace.write(a.perfetto)
+    out = {"steps": steps, "transitions": transitions, "decisions": decisions, "state_checks": checks}
     if a.json:
         print(json.dumps(out))
     n = max(1, len(steps) // 10)
@@ -453,7 +598,7 @@ def main():
     last = sum(s["reward_mean"] for s in steps[-n:]) / n
     print(f"reward first 10%: {first:.3f}, last 10%: {last:.3f}; transitions {len(transitions)}; "
           f"state checks {checks['passed']} passed, {checks['failed']} failed", file=sys.stderr)
-    return 1 if checks["failed"] else 0
+    return 1 if checks["failed"] or any(not t["completed"] for t in transitions) else 0
 
 
 if __name__ == "__main__":

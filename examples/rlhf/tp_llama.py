@@ -77,6 +77,7 @@ class UnitModel:
         self.theta = config.get("rope_theta", 10000.0)
         self.layout = dict(kv.split("=") for kv in unit.layout.split(","))
         self.tp, self.pp = int(self.layout["tp"]), int(self.layout["pp"])
+        self.devices = list(unit.devices)
         by_device = {}
         for s in unit.shards(slot="master" if train else "param"):
             by_device.setdefault(s.device, []).append(s)
@@ -102,7 +103,7 @@ class UnitModel:
         return out
 
     def attention(self, ranks, layer, x, positions, cache):
-        """x [B, n, H]; cache: {(layer, rank): (k, v)} of earlier positions, or None."""
+        """x [B, n, H]; cache: a KVCache holding earlier positions, or None."""
         p = f"model.layers.{layer}.self_attn."
         b, n, _ = x.shape
         total = positions[-1].item() + 1
@@ -118,10 +119,7 @@ class UnitModel:
             k = rope(k.view(b, n, kvh, self.hd).transpose(1, 2), positions, self.theta)
             v = v.view(b, n, kvh, self.hd).transpose(1, 2)
             if cache is not None:
-                if (layer, r) in cache:
-                    k0, v0 = cache[(layer, r)]
-                    k, v = torch.cat([k0, k], 2), torch.cat([v0, v], 2)
-                cache[(layer, r)] = (k, v)
+                k, v = cache.extend(layer, r, positions[0].item(), k, v)
             q_lo = rank.rows(p + "q_proj.weight")[0] // self.hd
             kv_lo = rank.rows(p + "k_proj.weight")[0] // self.hd
             # Local q head h (global q_lo + h) reads kv head (q_lo + h) // group.
@@ -143,7 +141,7 @@ class UnitModel:
 
     def hidden(self, ids, start=0, cache=None):
         """Final hidden states [B, n, H] of token ids [B, n] at positions start.., with a
-        KV cache (dict) for incremental decoding."""
+        KV cache (KVCache) for incremental decoding."""
         positions = torch.arange(start, start + ids.shape[-1])
         x = self.embed(ids)
         for s in range(self.pp):  # the pipeline: stage s hands x to stage s + 1
@@ -195,3 +193,46 @@ class UnitModel:
                 take = val > best
                 best, best_tok = torch.where(take, val, best), torch.where(take, tok, best_tok)
         return best_tok
+
+
+class KVCache:
+    """Keys and values of earlier positions for one unit, per (layer, TP rank), in bf16
+    storage that each device provides up front — a Nereus unit's workspace, so the cache
+    counts against the device's capacity as it would on a GPU. Reads are converted to f32.
+
+    Per device: 2 (k, v) × its layers × batch × its kv heads × length × head_dim × 2 bytes.
+    """
+
+    def __init__(self, model, batch, length, storage):
+        """storage(device, nbytes) -> a uint8 tensor of at least nbytes."""
+        self.k, self.v = {}, {}
+        for s in range(model.pp):
+            for r, rank in enumerate(model.stages[s]):
+                layers = model.layers[s]
+                kvh = self.kv_heads(model, rank, layers)
+                per = batch * kvh * length * model.hd
+                buf = storage(model.devices[s * model.tp + r], 4 * per * len(layers)).view(torch.bfloat16)
+                for j, layer in enumerate(layers):
+                    self.k[(layer, r)] = buf[2 * j * per:(2 * j + 1) * per].view(batch, kvh, length, model.hd)
+                    self.v[(layer, r)] = buf[(2 * j + 1) * per:(2 * j + 2) * per].view(batch, kvh, length, model.hd)
+
+    @staticmethod
+    def kv_heads(model, rank, layers):
+        if not layers:
+            return 0
+        lo, hi = rank.rows(f"model.layers.{layers[0]}.self_attn.k_proj.weight")
+        return (hi - lo) // model.hd
+
+    @staticmethod
+    def nbytes(model, batch, length):
+        """The most any one device of the unit needs."""
+        return max(4 * batch * KVCache.kv_heads(model, rank, model.layers[s]) * length * model.hd * len(model.layers[s])
+                   for s in range(model.pp) for rank in model.stages[s])
+
+    def extend(self, layer, rank, start, k, v):
+        """Stores k, v [B, kvh, n, hd] at positions start.. and returns every position's so far."""
+        kc, vc = self.k[(layer, rank)], self.v[(layer, rank)]
+        end = start + k.shape[2]
+        kc[:, :, start:end] = k
+        vc[:, :, start:end] = v
+        return kc[:, :, :end].float(), vc[:, :, :end].float()

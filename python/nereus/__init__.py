@@ -1,14 +1,14 @@
 """Nereus embedded in a Python RLHF framework (docs/embedding.md).
 
 Everything is the C++ extension `_nereus`; this file only adds the two conversions that
-need Python objects: a shard's memory as a torch tensor, and awaiting a transition under
+need Python objects: a shard's or a workspace's memory as a torch tensor, and awaiting a transition under
 asyncio.
 """
 import asyncio as _asyncio
 
-from ._nereus import Error, Job, Shard, Stage, Transition, Unit
+from ._nereus import Error, Job, Shard, Stage, Transition, Unit, Workspace
 
-__all__ = ["Error", "Job", "Shard", "Stage", "Transition", "Unit"]
+__all__ = ["Error", "Job", "Shard", "Stage", "Transition", "Unit", "Workspace"]
 
 
 def _shard_data(self):
@@ -20,6 +20,17 @@ def _shard_data(self):
 
 
 Shard.data = property(_shard_data)
+
+
+def _workspace_data(self):
+    """The workspace as a torch uint8 tensor (zero-copy); view it as what you need
+    (`.view(torch.bfloat16)`). Valid only inside the stage's block."""
+    import torch.utils.dlpack
+
+    return torch.utils.dlpack.from_dlpack(self)
+
+
+Workspace.data = property(_workspace_data)
 
 
 def _transition_await(self):

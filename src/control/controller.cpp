@@ -57,12 +57,14 @@ void Controller::measure(const ModelStage& stage, const Candidate& c, const Work
 void Controller::measure_memory(std::uint64_t predicted, std::uint64_t measured) {
   const double o = static_cast<double>(model_.overhead_bytes());
   if (static_cast<double>(predicted) <= o || static_cast<double>(measured) <= o) return;
-  // The formulas' own estimate (without the current scale) against what was measured;
-  // the scale only grows quickly and shrinks slowly, so one quiet step does not undo it.
+  // The formulas' own estimate (without the current scale) against what was measured.
+  // The first measurement replaces the formulas' guess; after it the scale grows quickly
+  // and shrinks slowly, so one quiet step does not undo it.
   const double raw = (static_cast<double>(predicted) - o) / model_.memory_scale();
   const double ratio = (static_cast<double>(measured) - o) / raw;
   const double s = model_.memory_scale();
-  model_.set_memory_scale(ratio > s ? ratio : 0.9 * s + 0.1 * ratio);
+  model_.set_memory_scale(!memory_measured_ || ratio > s ? ratio : 0.9 * s + 0.1 * ratio);
+  memory_measured_ = true;
 }
 
 namespace {
@@ -274,7 +276,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
       return done(d);
     }
     char buf[200];
-    std::snprintf(buf, sizeof buf, "gain %.3f s per step does not pay back L_tran %.3f s within %.1f x %.1f steps", gain, cost,
+    std::snprintf(buf, sizeof buf, "gain %.3f s per step does not pay back L_tran %.3f s within %g x %.1f steps", gain, cost,
                   options_.gamma, d.horizon_steps);
     rejected = buf;  // a slower candidate may still pay back with a cheaper transition
   }

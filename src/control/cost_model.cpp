@@ -104,7 +104,9 @@ CostModel::CostModel(ClusterSpec cluster, std::array<double, kOpClasses> efficie
     throw Error("cost model: cluster '" + cluster_.name + "' lacks positive memory, peak FLOPs, HBM or link bandwidths");
   // The framework's share of a GPU: 2 GiB, or a sixteenth of a small device.
   const double cap = cluster_.gpu_memory_gib * 1024.0 * 1024.0 * 1024.0;
-  overhead_ = std::min<std::uint64_t>(kOverhead, static_cast<std::uint64_t>(cap / 16));
+  overhead_ = cluster_.framework_overhead_gib >= 0
+                  ? static_cast<std::uint64_t>(cluster_.framework_overhead_gib * 1024.0 * 1024.0 * 1024.0)
+                  : std::min<std::uint64_t>(kOverhead, static_cast<std::uint64_t>(cap / 16));
 }
 
 std::uint64_t CostModel::budget(double headroom) const {

@@ -28,6 +28,14 @@ struct PyUnit {
   std::shared_ptr<PyJob> job;
   std::string stage;
   UnitView view;
+  std::vector<std::pair<DeviceId, std::span<std::byte>>> workspace;  ///< inside a stage block
+};
+
+/// A unit's workspace on one device, for this run of its stage: raw bytes.
+struct PyWorkspace {
+  std::shared_ptr<PyJob> job;
+  DeviceId device = 0;
+  std::span<std::byte> memory;
 };
 
 /// What a DLPack consumer owns until it calls the deleter.
@@ -46,15 +54,16 @@ DLDataType dl_dtype(DType t) {
   return {kDLFloat, 32, 1};
 }
 
-py::capsule to_dlpack(const PyShard& s) {
+/// Exports `data` (compact row-major) to a DLPack consumer; the job stays alive meanwhile.
+py::capsule to_dlpack(const std::shared_ptr<PyJob>& job, std::byte* data, std::vector<std::int64_t> shape, DLDataType dtype) {
   auto* e = new Exported;
-  e->job = s.job;
-  e->shape = s.shape();
+  e->job = job;
+  e->shape = std::move(shape);
   DLTensor& t = e->managed.dl_tensor;
-  t.data = s.view.data;
+  t.data = data;
   t.device = {kDLCPU, 0};
   t.ndim = static_cast<std::int32_t>(e->shape.size());
-  t.dtype = dl_dtype(s.view.dtype);
+  t.dtype = dtype;
   t.shape = e->shape.data();
   t.strides = nullptr;  // compact row-major
   t.byte_offset = 0;
@@ -131,6 +140,18 @@ py::dict report_dict(const TransitionReport& r) {
     stages[py::str(s.model_stage)] = o;
   }
   d["stages"] = stages;
+  py::list nodes;  // what ran, when (seconds from the transition's start), on which devices
+  for (const NodeRun& n : r.nodes) {
+    py::dict o;
+    o["kind"] = std::string(to_string(n.kind));
+    o["start"] = n.start;
+    o["end"] = n.end;
+    o["bytes"] = n.bytes;
+    o["unit"] = n.unit;
+    o["devices"] = n.devices;
+    nodes.append(o);
+  }
+  d["nodes"] = nodes;
   return d;
 }
 
@@ -165,8 +186,12 @@ class PyStage {
     if (lease_ && lease_->held()) throw Error("stage '" + name_ + "' is already entered");
     lease_ = std::make_shared<StageLease>(job_->loop().run([&] { return job_->job().enter_stage(name_); }));
     py::list units;
-    for (const UnitContext& c : lease_->units())
-      units.append(PyUnit{job_, name_, UnitView{c.replica(), c.emu(), c.version(), c.shards(), c.buffers(), memory_of(c)}});
+    for (const UnitContext& c : lease_->units()) {
+      PyUnit u{job_, name_, UnitView{c.replica(), c.emu(), c.version(), c.shards(), c.buffers(), memory_of(c)}, {}};
+      for (DeviceId d : c.emu().gpus)
+        if (!c.workspace(d).empty()) u.workspace.emplace_back(d, c.workspace(d));
+      units.append(std::move(u));
+    }
     return units;
   }
   bool exit(py::handle type, py::handle, py::handle) {
@@ -207,7 +232,8 @@ void bind_job(py::module_& m) {
       .def_property_readonly("shape", [](const PyShard& s) { return py::tuple(py::cast(s.shape())); })
       .def_property_readonly("nbytes", [](const PyShard& s) { return s.view.bytes(); })
       .def_property_readonly("data_ptr", [](const PyShard& s) { return reinterpret_cast<std::uintptr_t>(s.view.data); })
-      .def("__dlpack__", [](const PyShard& s, py::object) { return to_dlpack(s); }, py::arg("stream") = py::none())
+      .def("__dlpack__", [](const PyShard& s, py::object) { return to_dlpack(s.job, s.view.data, s.shape(), dl_dtype(s.view.dtype)); },
+           py::arg("stream") = py::none())
       .def("__dlpack_device__", [](const PyShard&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
       .def("__repr__", [](const PyShard& s) {
         return "<Shard " + s.tensor + "@" + std::string(to_string(s.view.slot)) + " device " + std::to_string(s.view.device) +
@@ -236,6 +262,12 @@ void bind_job(py::module_& m) {
         }
         return out;
       }, "Its local buffers (sharding.md packing): device, buffer name, slot, dtype, data_ptr, nbytes.")
+      .def("workspace", [](const PyUnit& u, DeviceId device) {
+        for (const auto& [d, memory] : u.workspace)
+          if (d == device) return PyWorkspace{u.job, d, memory};
+        throw Error("unit " + std::to_string(u.view.replica) + " of " + u.stage + " has no workspace on device " +
+                    std::to_string(device) + " (set_workspace() before the stage, and ask inside its block)");
+      }, py::arg("device"), "Its workspace on one of its devices, inside the stage's block (Job.set_workspace).")
       .def(
           "shards", [](const PyUnit& u, std::optional<std::string> slot) { return shards_of(u.job, u.stage, u.view.shards, slot); },
           py::arg("slot") = "param", "Its shards of one slot (None: every slot), buffer by buffer.")
@@ -243,6 +275,14 @@ void bind_job(py::module_& m) {
         return "<Unit " + u.stage + " #" + std::to_string(u.view.replica) + " " + to_string(u.view.emu.layout) + " on " +
                device_list_string(u.view.emu.gpus) + ">";
       });
+
+  py::class_<PyWorkspace>(m, "Workspace", "Scratch bytes of one unit on one device for one run of its stage.")
+      .def_property_readonly("device", [](const PyWorkspace& w) { return w.device; })
+      .def_property_readonly("nbytes", [](const PyWorkspace& w) { return w.memory.size(); })
+      .def("__dlpack__", [](const PyWorkspace& w, py::object) {
+        return to_dlpack(w.job, w.memory.data(), {static_cast<std::int64_t>(w.memory.size())}, {kDLUInt, 8, 1});
+      }, py::arg("stream") = py::none())
+      .def("__dlpack_device__", [](const PyWorkspace&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); });
 
   py::class_<PyStage>(m, "Stage", "A model-stage held busy while the framework computes on its units.")
       .def("__enter__", &PyStage::enter)
@@ -286,7 +326,7 @@ void bind_job(py::module_& m) {
       .def("units", [](const std::shared_ptr<PyJob>& j, const std::string& stage) {
         const auto views = j->loop().call([&] { return j->job().units(stage); });
         py::list out;
-        for (const UnitView& v : views) out.append(PyUnit{j, stage, v});
+        for (const UnitView& v : views) out.append(PyUnit{j, stage, v, {}});
         return out;
       }, py::arg("model_stage"))
       .def("state", [](PyJob& j, const std::string& stage) {
@@ -300,6 +340,7 @@ void bind_job(py::module_& m) {
           e["used"] = d.used;
           e["peak"] = d.peak;
           e["budget"] = d.budget;
+          e["step_peak"] = d.step_peak;
           out.append(e);
         }
         return out;
@@ -316,6 +357,10 @@ void bind_job(py::module_& m) {
       .def("stage", [](const std::shared_ptr<PyJob>& j, const std::string& stage) {
         return std::make_unique<PyStage>(j, stage);
       }, py::arg("model_stage"))
+      .def("set_workspace", [](PyJob& j, const std::string& stage, std::uint64_t nbytes) {
+        j.loop().call([&] { j.job().set_workspace(stage, nbytes); });
+      }, py::arg("model_stage"), py::arg("nbytes"),
+         "Bytes per device each run of the stage allocates as its workspace from now on (Unit.workspace).")
       .def("end_step", [](PyJob& j) { j.loop().run([&] { return j.job().end_step(); }); },
            "Ends the step: weight sync, and a transition begun mid-step takes effect.")
       .def("transition", [](PyJob& j, py::object plan) {

@@ -51,6 +51,7 @@ ClusterSpec cluster_of(py::handle c, int devices, std::size_t capacity) {
   s.hbm_gbps = 10;
   s.intra_node_gbps = 5;
   s.inter_node_gbps = 1;
+  s.framework_overhead_gib = 0;  // the arenas hold only units and workspaces
   return s;
 }
 

@@ -57,7 +57,7 @@ bool GraphRun::try_hand_over(std::uint32_t x) {
 
 void GraphRun::record(std::uint32_t x, double start, std::uint64_t bytes) {
   const GraphNode& n = graph_.nodes[x];
-  report_.nodes.push_back({x, n.kind, start, since(), bytes, space_.describe(*this, n.unit)});
+  report_.nodes.push_back({x, n.kind, start, since(), bytes, space_.describe(*this, n.unit), graph_.emu(n.unit).gpus});
 }
 
 asio::awaitable<void> GraphRun::run_node(std::uint32_t x) {

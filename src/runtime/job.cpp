@@ -154,6 +154,7 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
   s.stages = model_stages(s.spec);
   for (int d = 0; d < s.options.devices; ++d) s.devices.push_back(make_device({MemoryKind::host, d, s.options.capacity}));
   s.busy.assign(s.devices.size(), 0);
+  s.step_peak.assign(s.devices.size(), 0);
   s.adopted.assign(s.devices.size(), 0);
   s.adoption_used.assign(s.options.adopt.size(), 0);
   if (s.options.transport) {
@@ -194,6 +195,22 @@ Job::~Job() {
 
 const JobSpec& Job::spec() const { return s_->spec; }
 std::int64_t Job::step() const { return s_->step; }
+
+void Job::set_workspace(std::string_view model_stage, std::uint64_t bytes) {
+  const std::string name(s_->stages[s_->index(model_stage)].name());
+  auto& ws = s_->options.workspace;
+  const auto it = std::find_if(ws.begin(), ws.end(), [&](const auto& e) { return e.first == name; });
+  if (it != ws.end())
+    it->second = bytes;
+  else
+    ws.emplace_back(name, bytes);
+}
+
+std::span<std::byte> UnitContext::workspace(DeviceId d) const {
+  for (const auto& [device, memory] : workspace_)
+    if (device == d) return memory;
+  return {};
+}
 const StageState& Job::state(std::string_view model_stage) const { return s_->slots[s_->index(model_stage)].state; }
 std::uint64_t Job::cap_violations() const { return s_->cap_violations; }
 
@@ -209,7 +226,10 @@ GlobalPlan Job::plan() const {
 
 std::vector<DeviceUse> Job::devices() const {
   std::vector<DeviceUse> out;
-  for (const auto& d : s_->devices) out.push_back({d->id(), s_->used(d->id()), d->peak() + s_->adopted[static_cast<std::size_t>(d->id())], s_->budget});
+  for (const auto& d : s_->devices) {
+    const auto i = static_cast<std::size_t>(d->id());
+    out.push_back({d->id(), s_->used(d->id()), d->peak() + s_->adopted[i], s_->budget, s_->step_peak[i]});
+  }
   return out;
 }
 
@@ -266,10 +286,18 @@ asio::awaitable<StageLease> Job::enter_stage(std::string model_stage) {
       if (name == model_stage) return bytes;
     return std::uint64_t{0};
   }();
-  if (ws > 0)  // a throw here leaves through the lease's destructor
-    for (const UnitPtr& u : units)
-      for (DeviceId d : u->emu.gpus) lease.workspace_.push_back(s->allocate(d, ws, model_stage + " workspace"));
   lease.ctx_.resize(units.size());
+  if (ws > 0)  // a throw here leaves through the lease's destructor
+    for (std::size_t k = 0; k < units.size(); ++k)
+      for (DeviceId d : units[k]->emu.gpus) {
+        lease.workspace_.push_back(s->allocate(d, ws, model_stage + " workspace"));
+        lease.ctx_[k].workspace_.emplace_back(d, std::span<std::byte>(lease.workspace_.back().data(), ws));
+      }
+  for (const UnitPtr& u : units)
+    for (DeviceId d : u->emu.gpus) {
+      std::uint64_t& peak = s->step_peak[static_cast<std::size_t>(d)];
+      peak = std::max(peak, s->used(d));
+    }
   for (std::size_t k = 0; k < units.size(); ++k) {
     UnitContext& c = lease.ctx_[k];
     c.stage_ = model_stage;
@@ -419,6 +447,7 @@ asio::awaitable<void> Job::end_step() {
     }
   }
   ++s->step;
+  std::fill(s->step_peak.begin(), s->step_peak.end(), 0);
   for (std::size_t i = 0; i < s->slots.size(); ++i) {
     StageSlot& slot = s->slots[i];
     slot.ran_this_step = false;

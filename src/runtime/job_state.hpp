@@ -55,6 +55,7 @@ class JobState : public std::enable_shared_from_this<JobState> {
   Transport* transport = nullptr;
   std::vector<StageSlot> slots;
   std::vector<int> busy;  ///< per device: stages running on it
+  std::vector<std::uint64_t> step_peak;  ///< per device: DeviceUse::step_peak
   std::int64_t step = 0;
   Notifier changed;       ///< any change of the state below
   std::shared_ptr<TransitionRun> transition;  ///< in flight, or finished but not yet in effect

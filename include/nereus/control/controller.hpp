@@ -89,7 +89,8 @@ class Controller {
   /// After a stage ran: its measured time calibrates the cost model.
   void measure(const ModelStage& stage, const Candidate& c, const Workload& w, double seconds);
   /// After a step: the busiest GPU's measured peak against the cost model's prediction
-  /// for it calibrates the memory estimate.
+  /// for it calibrates the memory estimate: the first measurement sets the scale, later
+  /// ones raise it at once and lower it slowly.
   void measure_memory(std::uint64_t predicted_peak, std::uint64_t measured_peak);
   /// After a step of a live job on `current`: calibrates from what it measured, then
   /// decides for the next step (the same calibration and admission the simulator runs).
@@ -117,6 +118,7 @@ class Controller {
   std::map<std::string, double> horizon_;    // H_x per signal
   std::map<std::string, long> last_cross_;   // step of the last crossing per signal
   long last_every_ = 0;
+  bool memory_measured_ = false;  ///< a peak has calibrated the memory estimate
   bool started_ = false;  ///< references set (initial() or the first step())
 };
 

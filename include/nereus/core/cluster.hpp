@@ -18,6 +18,10 @@ struct ClusterSpec {
   double intra_node_gbps = 0;  ///< per GPU
   double inter_node_gbps = 0;  ///< per NIC
   int nics_per_node = 1;
+  /// Bytes of each GPU the framework itself takes (context, libraries' buffers), which no
+  /// stage can use; negative: the cost model's default (2 GiB, or a sixteenth of a small
+  /// device). Host devices of an embedded job take none: the framework's heap is elsewhere.
+  double framework_overhead_gib = -1;
 
   std::int64_t gpus() const { return static_cast<std::int64_t>(nodes) * gpus_per_node; }
   int node_of(std::int64_t device) const { return static_cast<int>(device / gpus_per_node); }

@@ -38,6 +38,7 @@ struct NodeRun {
   double end = 0;
   std::uint64_t bytes = 0;  ///< bytes copied (over links and locally)
   std::string unit;         ///< the unit it built or freed, described
+  std::vector<DeviceId> devices;  ///< that unit's devices
 };
 
 struct TransitionReport {

@@ -107,6 +107,10 @@ class UnitContext {
   std::span<std::byte> memory(std::size_t buffer) const { return memory_[buffer]; }
   /// The unit's shards, every slot.
   std::vector<ShardView> shards() const { return shard_views(*buffers_, memory_); }
+  /// This run's workspace on device d (Job::set_workspace bytes from that device's
+  /// budget; empty when the stage has none): scratch such as a KV cache, valid until the
+  /// stage is left.
+  std::span<std::byte> workspace(DeviceId d) const;
 
  private:
   friend class Job;
@@ -117,6 +121,7 @@ class UnitContext {
   std::int64_t version_ = 0;
   const std::vector<BufferSpec>* buffers_ = nullptr;
   std::vector<std::span<std::byte>> memory_;
+  std::vector<std::pair<DeviceId, std::span<std::byte>>> workspace_;
 };
 
 /// The framework's work for one unit of a model-stage.
@@ -126,6 +131,10 @@ using StageWork = std::function<asio::awaitable<void>(UnitContext&)>;
 struct DeviceUse {
   DeviceId device;
   std::uint64_t used, peak, budget;
+  /// The most in use when a stage of the current step entered (its units, the other
+  /// stages' units and its workspace on the device): the step's peak as the controller
+  /// models it, without a transition's staging. Reset by end_step().
+  std::uint64_t step_peak = 0;
 };
 
 class TransitionRun;
@@ -196,6 +205,10 @@ class Job {
   /// The waiting and holding of run_stage() without the work: for a framework computing
   /// on its own threads. Throws Error when the stage is already held.
   asio::awaitable<StageLease> enter_stage(std::string model_stage);
+  /// Bytes per device each run of `model_stage` allocates as its workspace from now on
+  /// (UnitContext::workspace), and transitions compiled from now on keep free for it.
+  /// Throws Error naming an unknown model-stage.
+  void set_workspace(std::string_view model_stage, std::uint64_t bytes);
   /// The units of a model-stage in effect now, in replica order.
   std::vector<UnitView> units(std::string_view model_stage) const;
   /// Ends the step (sync mode): weight sync from each training stage to its model's
