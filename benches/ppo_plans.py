@@ -18,7 +18,8 @@ PPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
 RUNS = {
     "placement only (actor/train 4-5 <-> critic/train 6-7)": [
         "3:actor/train=tp=2,pp=1,dp=1,devices=6-7", "3:critic/train=tp=2,pp=1,dp=1,devices=4-5"],
-    "PP only (actor/train tp=2 -> tp=1,pp=2)": ["3:actor/train=tp=1,pp=2,dp=1,devices=4-5"],
+    "PP only (actor/train tp=2 -> tp=2,pp=2; critic/train moved)": [
+        "3:actor/train=tp=2,pp=2,dp=1,devices=4-7", "3:critic/train=tp=2,pp=1,dp=1,devices=0-1"],
     "TP and DP (actor/train tp=2 -> tp=1,dp=2)": ["3:actor/train=tp=1,pp=1,dp=2,devices=4-5"],
 }
 

@@ -497,6 +497,7 @@ def main():
     for k in range(a.steps):
         st = Step()
         t0 = time.perf_counter()
+        ran_on = job.plan
         prompts = torch.randint(100, ACTOR["vocab_size"], (batch // GROUP if grpo else batch, plen), generator=gen)
         if grpo:
             prompts = prompts.repeat_interleave(GROUP, 0)
@@ -579,7 +580,7 @@ def main():
             trace.step(k, st, t0, t1)
         steps.append({"step": k, "reward_mean": score.mean().item(), "policy_loss": pl, "value_loss": vl,
                       "kl": kl.mean().item(), "response_len": length, "seconds": t1 - t0, "peak_bytes": peak,
-                      "stage_seconds": st.seconds, "plan": job.plan})
+                      "stage_seconds": st.seconds, "plan": ran_on})
         if not a.json:
             print(f"step {k:3d} reward {score.mean().item():.3f} len {length:2d} kl {kl.mean().item():+.4f} "
                   f"pl {pl:+.4f} vl {vl:.4f} peak {peak / 2**20:.2f} MiB {t1 - t0:.2f}s"
