@@ -53,7 +53,7 @@
 #include "nereus/runtime/participant.hpp"
 #include "nereus/runtime/peer_info.hpp"
 #include "nereus/runtime/unit_store.hpp"
-#include "nereus/sim/hardware.hpp"
+#include "nereus/sim/truth.hpp"
 #include "nereus/sim/simulator.hpp"
 #include "nereus/sim/trace.hpp"
 #include "nereus/transport/chaos.hpp"

@@ -63,12 +63,15 @@ void run_simulate(const SimulateArgs& a) {
     nlohmann::json j = {{"policy", a.policy},
                         {"steps", r.steps},
                         {"mean_step_seconds", r.mean_step_seconds},
+                        {"mean_compute_seconds", r.mean_compute_seconds},
                         {"total_seconds", r.total_seconds},
                         {"transition_seconds", r.transition_seconds},
                         {"transitions", r.transitions},
                         {"exposed_transition_seconds", r.exposed_transition_seconds},
                         {"transition_share", r.total_seconds > 0 ? r.exposed_transition_seconds / r.total_seconds : 0.0},
+                        {"failed_steps", r.failed_steps},
                         {"oom_steps", r.oom_steps},
+                        {"failure_seconds", r.failure_seconds},
                         {"replans", r.replans},
                         {"decision_ms_median", r.decision_ms_median},
                         {"decision_ms_max", r.decision_ms_max},
@@ -79,11 +82,13 @@ void run_simulate(const SimulateArgs& a) {
                         {"decisions", decisions}};
     std::cout << j.dump() << "\n";
   } else {
-    std::cout << fmt::format("{} steps, policy {}: mean {:.3f} s/step, total {:.1f} s\n", r.steps, a.policy, r.mean_step_seconds,
-                             r.total_seconds);
-    std::cout << fmt::format("{} transitions, {:.2f} s ({:.3f}% of the run); {} replans; {} out-of-memory steps\n", r.transitions,
-                             r.transition_seconds, 100 * r.exposed_transition_seconds / std::max(1e-9, r.total_seconds), r.replans,
-                             r.oom_steps);
+    std::cout << fmt::format("{} steps, policy {}: mean {:.3f} s/step ({:.3f} s computing), total {:.1f} s\n", r.steps, a.policy,
+                             r.mean_step_seconds, r.mean_compute_seconds, r.total_seconds);
+    std::cout << fmt::format("{} transitions, {:.2f} s, {:.2f} s exposed ({:.3f}% of the run); {} replans\n", r.transitions,
+                             r.transition_seconds, r.exposed_transition_seconds,
+                             100 * r.exposed_transition_seconds / std::max(1e-9, r.total_seconds), r.replans);
+    std::cout << fmt::format("{} failed steps ({} out of memory), {:.1f} s lost to them\n", r.failed_steps, r.oom_steps,
+                             r.failure_seconds);
     std::cout << fmt::format("decisions: median {:.2f} ms, max {:.2f} ms; cost model on held-out stage runs: MAPE {:.1f}% "
                              "(max {:.1f}%; {:.1f}% before calibration)\n",
                              r.decision_ms_median, r.decision_ms_max, 100 * r.mape, 100 * r.max_ape, 100 * r.mape_prior);
@@ -100,7 +105,7 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--cluster", a->cluster, "cluster JSON or preset")->required();
   cmd->add_option("--job", a->job, "job JSON or preset")->required();
   cmd->add_option("--trace", a->trace, "trace (JSON Lines)")->required();
-  cmd->add_option("--policy", a->policy, "nereus | static | every:K | greedy (default nereus)");
+  cmd->add_option("--policy", a->policy, "nereus | static | static-max | every:K | greedy (default nereus)");
   cmd->add_option("--gamma", a->gamma, "payback factor γ (default 0.5)")->check(CLI::PositiveNumber);
   cmd->add_option("--delta", a->delta, "relative drift that triggers a replan (default 0.3)")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "noise of the hardware model (default 1)");

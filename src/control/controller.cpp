@@ -11,6 +11,7 @@ namespace nereus {
 
 Policy parse_policy(const std::string& text, int& every) {
   if (text == "static") return Policy::fixed;
+  if (text == "static-max") return Policy::fixed_max;
   if (text == "greedy") return Policy::greedy;
   if (text == "nereus") return Policy::nereus;
   if (text.rfind("every:", 0) == 0) {
@@ -22,7 +23,7 @@ Policy parse_policy(const std::string& text, int& every) {
     every = static_cast<int>(v);
     return Policy::every;
   }
-  throw Error("policy '" + text + "' is not one of static, every:K, greedy, nereus");
+  throw Error("policy '" + text + "' is not one of static, static-max, every:K, greedy, nereus");
 }
 
 Controller::Controller(const JobSpec& job, const ClusterSpec& cluster, ControllerOptions options)
@@ -40,12 +41,14 @@ Workload Controller::workload(const Signals& s) const {
 GlobalPlan Controller::initial(const Signals& s) {
   reference_ = s;
   started_ = true;
-  // A static plan must survive the longest responses the job allows: it is sized for them.
+  // static-max knows the worst case and plans for the longest responses the job allows;
+  // static (the paper's baseline) plans for the first step as every policy does.
   Signals sized = s;
-  if (options_.policy == Policy::fixed && job_.max_response_len > 0)
+  if (options_.policy == Policy::fixed_max && job_.max_response_len > 0)
     sized.response_len_mean = sized.response_len_p95 = static_cast<double>(job_.max_response_len);
   const PlanChoice c = plan_job(model_, job_, s.gpus, workload(sized), options_.planner);
   if (!c.feasible) throw Error("no plan fits the first step: " + c.reason);
+  reference_seconds_ = estimate_plan(model_, job_, c.plan, workload(s), options_.headroom).step_seconds;
   return c.plan;
 }
 
@@ -140,7 +143,14 @@ GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
       stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false}, 0, {}});
     }
   }
-  return place(job_, stages);
+  GlobalPlan p = place(job_, stages);
+  // Never a unit outside the pool: when a phase's units need more GPUs than there are,
+  // the later ones wrap onto GPUs that earlier ones use and run after them. Blocks are
+  // aligned to their unit size, so a wrapped TP group stays inside a node.
+  for (auto& [name, spec] : p.stages)
+    if (spec.layout.size() <= gpus)
+      for (DeviceId& d : spec.devices) d %= gpus;
+  return p;
 }
 
 double Controller::horizon(const std::vector<std::string>& signals, long step) {
@@ -201,7 +211,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   if (s.gpus != reference_.gpus) trig.push_back("pool");
   if (!invalid && !cur.fits) trig.push_back("memory");
 
-  if (options_.policy == Policy::fixed) {
+  if (options_.policy == Policy::fixed || options_.policy == Policy::fixed_max) {
     // Static: the first TP/PP for ever; DP follows the pool.
     if (s.gpus == reference_.gpus && !invalid) return done(d);
     reference_ = s;
@@ -219,20 +229,43 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   auto drift = [&](double now, double ref) { return ref > 0 && std::fabs(now - ref) / ref > options_.delta; };
   if (drift(s.response_len_mean, reference_.response_len_mean)) trig.push_back("length");
   if (drift(s.link_slowdown, reference_.link_slowdown)) trig.push_back("link");
+  // The plan was chosen under a model that calibration has since corrected: its predicted
+  // latency moved beyond δ of what it was at the last replan.
+  if (std::isfinite(d.current_seconds) && reference_seconds_ > 0 && drift(d.current_seconds, reference_seconds_))
+    trig.push_back("model");
   if (options_.policy == Policy::every && s.step - last_every_ >= options_.every) {
     trig.push_back("every");
     last_every_ = s.step;
   }
+  // The last replan settled for less than S* (out of reach from where the job was, or a
+  // cheaper step towards it): try again from the plan it reached, over the same horizon.
+  const bool retry = retry_horizon_ > 0 && trig.empty();
+  if (retry) trig.push_back("retry");
   if (trig.empty()) return done(d);
   for (const std::string& x : trig) d.trigger += (d.trigger.empty() ? "" : ",") + x;
   d.urgent = invalid || !cur.fits;
   reference_ = s;  // references reset at every replan, admitted or not
-  d.horizon_steps = horizon(trig, s.step);
+  reference_seconds_ = d.current_seconds;
+  // H_x of the observed signals; "model" is derived from them and counts only alone.
+  std::vector<std::string> observed;
+  for (const std::string& x : trig)
+    if (x != "model") observed.push_back(x);
+  d.horizon_steps = retry ? retry_horizon_ : horizon(observed.empty() ? trig : observed, s.step);
+  retry_horizon_ = 0;
   d.replanned = true;
 
   const PlanChoice best = plan_job(model_, job_, s.gpus, w, options_.planner);
   if (!best.feasible) {
     d.why = "no plan fits: " + best.reason;
+    if (invalid) {
+      // The plan has units on GPUs that left: keep its layouts on the GPUs present.
+      d.admitted = true;
+      d.target = rescale(current, s.gpus);
+      const TransitionGraph g = transition(current, d.target, s);
+      d.transition_seconds = g.summary.l_tran_seconds;
+      d.moved_bytes = g.summary.moved_bytes;
+      d.why += "; fallback: the same layouts, fewer replicas, sharing GPUs";
+    }
     return done(d);
   }
   // S*, then slightly slower plans that keep a model-stage as it is (cheaper to reach).
@@ -269,6 +302,8 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     if (admit) {
       d.admitted = true;
       d.target = plan;
+      reference_seconds_ = predicted;
+      if (predicted > best.step_seconds * (1 + options_.delta / 3) && !retry) retry_horizon_ = d.horizon_steps;
       char buf[200];
       std::snprintf(buf, sizeof buf, "%s: %.3f s -> %.3f s per step, L_tran %.3f s, H %.1f steps", d.urgent ? "urgent" : "pays back",
                     d.current_seconds, predicted, cost, d.horizon_steps);

@@ -28,6 +28,7 @@ std::string_view to_string(OpClass c) {
     case OpClass::allreduce_inter: return "allreduce_inter";
     case OpClass::p2p_intra: return "p2p_intra";
     case OpClass::p2p_inter: return "p2p_inter";
+    case OpClass::launch: return "launch";
   }
   return "?";
 }
@@ -50,7 +51,7 @@ double StageOps::seconds(const std::array<double, kOpClasses>& efficiency) const
 
 std::array<double, kOpClasses> conservative_efficiency() {
   // Below what tuned kernels reach, so that an unmeasured class is not chosen on hope.
-  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25};
+  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25, 0.25};
 }
 
 namespace {
@@ -58,6 +59,9 @@ namespace {
 constexpr double kIntraLatency = 8e-6;   // seconds per collective or hop inside a node
 constexpr double kInterLatency = 20e-6;  // across nodes
 constexpr std::uint64_t kOverhead = 2ull << 30;
+constexpr double kLaunch = 1e-6;          // ideal seconds per kernel launch (the launch class learns the rest)
+constexpr double kKernelsPerLayer = 12;   // a transformer layer's forward: norms, projections, attention, all-reduces
+constexpr double kMaxRunning = 256;       // sequences a generation engine decodes at once (vLLM's max_num_seqs)
 
 /// What the formulas need of a model.
 struct Shape {
@@ -135,11 +139,15 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       add(tp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter,
           count * allreduce(bytes, c.tp, tp_inside ? intra : inter, tp_inside ? kIntraLatency : kInterLatency));
   };
-  auto pp_hops = [&](double count, double bytes) {
+  // A pipeline of m micro-batches sends between its stages at once, so its hops add up
+  // to m + pp − 1 on the critical path; one sequence at a time (decoding) crosses pp − 1.
+  auto pp_hops = [&](double micro, double count, double bytes) {
     if (c.pp > 1)
       add(pp_inside ? OpClass::p2p_intra : OpClass::p2p_inter,
-          count * (c.pp - 1) * ((pp_inside ? kIntraLatency : kInterLatency) + bytes / (pp_inside ? intra : inter)));
+          count * (micro + c.pp - 1) * ((pp_inside ? kIntraLatency : kInterLatency) + bytes / (pp_inside ? intra : inter)));
   };
+  auto launches = [&](double kernels) { add(OpClass::launch, kernels * kLaunch); };
+  const double stage_layers = std::ceil(m.L / c.pp);
   // Forward FLOPs of n sequences of t tokens; attention is causal.
   const double gemm_flops = 2.0 * m.linear();  // per token
   auto attention_flops = [&](double t) { return 2.0 * m.L * m.nh * m.hd * t * t; };  // per sequence
@@ -151,16 +159,24 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       add(OpClass::gemm, gemm_flops * B * P / unit / peak * bubble(micro));
       add(OpClass::attention, attention_flops(P) * B / unit / peak * bubble(micro));
       tp_allreduce(m.L * 2, B * P * H * act);
-      pp_hops(1, B * P * H * act);
+      pp_hops(micro, 1, B * P * H * act / micro);
+      launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer);
       // Decoding: per step every GPU of a tensor group reads its weights and KV cache; a
       // token crosses the pipeline stages one after the other.
+      // At most kMaxRunning sequences decode at once: the weights are read once per
+      // iteration, and there are B·R / kMaxRunning iterations when the batch is larger.
+      // The running batch is split into pp micro-batches in flight, so a GPU reads its
+      // stage's weights pp times per iteration (the whole model over the pipeline) but
+      // only its own layers' KV cache, while the other stages read theirs.
       const double weights = m.params() * 2.0 / c.tp;
       const double kv_per_token = 2.0 * m.L * m.kv_heads(c.tp) * m.hd * 2.0;
-      const double bytes = R * weights + B * kv_per_token * (P * R + R * R / 2);
-      const double flops = gemm_flops * B * R / c.tp + attention_flops(T) * B / unit;
+      const double iterations = std::max(R, B * R / kMaxRunning);
+      const double bytes = iterations * weights + B * kv_per_token * (P * R + R * R / 2) / c.pp;
+      const double flops = gemm_flops * B * R / unit + attention_flops(T) * B / unit;
       add(OpClass::decode, std::max(bytes / hbm, flops / peak));
-      tp_allreduce(R * m.L * 2, B * H * act);
-      pp_hops(R, B * H * act);
+      tp_allreduce(iterations * m.L * 2, std::min(B, kMaxRunning) * H * act);
+      pp_hops(0, iterations, std::min(B, kMaxRunning) * H * act);
+      launches(iterations * m.L * kKernelsPerLayer);
       break;
     }
     case StageKind::infer: {
@@ -168,7 +184,8 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       add(OpClass::gemm, gemm_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::attention, attention_flops(T) * B / unit / peak * bubble(micro));
       tp_allreduce(m.L * 2 * B, T * H * act);
-      pp_hops(B, T * H * act);
+      pp_hops(micro, 1, T * H * act);
+      launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer);
       break;
     }
     case StageKind::train: {
@@ -177,7 +194,8 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       add(OpClass::gemm, passes * gemm_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::attention, passes * attention_flops(T) * B / unit / peak * bubble(micro));
       tp_allreduce((c.recompute ? 3 : 2) * m.L * 2 * B, T * H * act);
-      pp_hops(2 * B, T * H * act);
+      pp_hops(micro, 2, T * H * act);
+      launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer * passes);
       const double grads = m.params() / unit * 2.0;
       if (c.dp > 1)
         add(dp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter,

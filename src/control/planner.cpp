@@ -351,6 +351,7 @@ PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const Glo
   // Training stages without recomputation first; with it if that does not fit.
   for (bool re : {false, true}) {
     PlanEstimate e;
+    e.recompute = re;
     std::map<DeviceId, std::uint64_t> resident, transient;
     for (const ModelStage& s : og.stages) {
       const CollectionSpec* spec = plan.find(s.name());

@@ -1,18 +1,30 @@
+// The simulator's replay loop: the real controller decides, the ground truth runs steps,
+// transitions run on the transition graph with the truth's link efficiencies and hide
+// behind the steps as the job runtime lets them, and failed steps cost what a real
+// failure costs. Every policy is scored by the same loop.
 #include "nereus/sim/simulator.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <random>
 
 #include "nereus/base/error.hpp"
 #include "nereus/plan/overlap.hpp"
-#include "nereus/sim/hardware.hpp"
+#include "nereus/sim/truth.hpp"
 
 namespace nereus {
 
 namespace {
+
+// A failed step restarts the job: processes, NCCL communicators, model loading code. A
+// minute is the order a Megatron or OpenRLHF relaunch takes before it reads checkpoints.
+constexpr double kRestartSeconds = 60;
+// While a transition runs beside a step, its copies share links with the stages'
+// collectives: taken as half the link (the stages' own share is not tracked). Copies the
+// next step's generation waits for run alone: nothing else runs until they are done.
+constexpr double kSharedLinkSlowdown = 2;
 
 std::string short_plan(const JobSpec& job, const GlobalPlan& p) {
   std::string s;
@@ -24,36 +36,127 @@ std::string short_plan(const JobSpec& job, const GlobalPlan& p) {
   return s;
 }
 
-/// Truth of one step on `plan`: stage times (measured), the step's time, the busiest GPU.
-struct StepTruth {
-  std::vector<double> stage_seconds;
-  double seconds = 0;
-  std::uint64_t peak = 0;
-  bool fits = true;
+TruthLoad load_of(const JobSpec& job, const TraceStep& t) {
+  TruthLoad w;
+  w.sequences = job.prompts_per_step * job.samples_per_prompt;
+  w.prompt_len = double(job.prompt_len);
+  w.response_mean = t.response_len_mean;
+  w.response_p95 = t.response_len_p95;
+  w.max_response = double(job.max_response_len);
+  w.link_slowdown = t.link_slowdown;
+  return w;
+}
+
+/// One step of `plan` on the truth.
+struct StepRun {
+  std::vector<double> stage_seconds;  ///< overlap-graph order
+  double seconds = 0;                 ///< critical path, waits for transitions included
+  double unhindered_seconds = 0;      ///< the same without waiting for transitions
+  double generation_done = 0;         ///< when the last generation stage finished
+  std::uint64_t peak = 0;             ///< busiest GPU (KV cache as far as it is used)
+  std::uint64_t resident_max = 0;     ///< most state one GPU holds (what a reload reads)
+  bool failed = false, oom = false;
+  double failed_after = 0;            ///< seconds into the step when it failed
+  std::string why;
 };
 
-StepTruth run_step(HardwareModel& hw, const JobSpec& job, const GlobalPlan& plan, const Workload& w, int gpus) {
-  StepTruth t;
+StepRun run_step(GroundTruth& truth, const JobSpec& job, const GlobalPlan& plan, const TruthLoad& load, int gpus,
+                 bool recompute, const std::map<std::string, double>& release = {}) {
+  StepRun r;
   const OverlapGraph og = overlap_graph(job, plan);
-  std::map<DeviceId, std::uint64_t> resident, transient;
-  for (const ModelStage& s : og.stages) {
+  const std::size_t n = og.stages.size();
+  std::vector<TruthLayout> layouts(n);
+  std::vector<TruthStage> mem(n);
+  std::map<DeviceId, std::uint64_t> resident, working;
+  std::vector<std::string> fail(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const ModelStage& s = og.stages[i];
     const CollectionSpec& spec = *plan.find(s.name());
-    Candidate c = candidate_of(spec);
-    // The framework recomputes activations when the full ones do not fit.
-    const StageMemory full = hw.work_model().memory(s, c, w);
-    if (s.kind == StageKind::train && hw.peak_bytes(full.resident, full.transient) > hw.capacity_bytes()) c.recompute = true;
-    const StageMemory m = hw.work_model().memory(s, c, w);
-    t.stage_seconds.push_back(hw.stage_seconds(s, c, w));
+    layouts[i] = {spec.layout.tp, spec.layout.pp, spec.dp, recompute && s.kind == StageKind::train};
+    mem[i] = truth.memory(s.model->config(), s.kind, layouts[i], load);
     for (DeviceId d : spec.devices) {
-      if (d >= gpus) t.fits = false;
-      resident[d] += m.resident;
-      transient[d] = std::max(transient[d], m.transient);
+      if (d >= gpus && fail[i].empty()) fail[i] = "needs GPU " + std::to_string(d) + ", outside the pool of " + std::to_string(gpus);
+      resident[d] += mem[i].resident;
+      working[d] = std::max(working[d], mem[i].working);
     }
   }
-  t.seconds = og.step_seconds(t.stage_seconds);
-  for (const auto& [d, r] : resident) t.peak = std::max(t.peak, hw.peak_bytes(r, transient[d]));
-  t.fits = t.fits && t.peak <= hw.capacity_bytes();
-  return t;
+  const std::uint64_t cap = truth.capacity_bytes(), ctx = truth.context_bytes();
+  std::vector<std::uint64_t> pool(n, 0);
+  std::vector<double> kv_used(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const ModelStage& s = og.stages[i];
+    const CollectionSpec& spec = *plan.find(s.name());
+    std::uint64_t free_min = std::numeric_limits<std::uint64_t>::max();
+    for (DeviceId d : spec.devices) {
+      const std::uint64_t base = ctx + resident[d];
+      r.resident_max = std::max(r.resident_max, resident[d]);
+      const std::uint64_t need = base + mem[i].working;
+      if (need > cap && fail[i].empty())
+        fail[i] = "out of memory on GPU " + std::to_string(d) + ": " + std::to_string(need >> 20) + " MiB of " + std::to_string(cap >> 20);
+      free_min = std::min(free_min, need > cap ? 0 : cap - need);
+      r.peak = std::max(r.peak, std::min(cap, base + working[d]));
+    }
+    if (s.kind == StageKind::generate && fail[i].empty()) {
+      pool[i] = free_min;
+      const std::int64_t c = truth.concurrency(s.model->config(), layouts[i], load, pool[i]);
+      if (c == 0) fail[i] = "out of memory: the KV cache cannot hold the longest response";
+      kv_used[i] = double(c) * double(mem[i].kv_bytes_per_token) * (load.prompt_len + load.response_mean);
+      for (DeviceId d : spec.devices)
+        r.peak = std::max(r.peak, std::min(cap, ctx + resident[d] + mem[i].working + std::uint64_t(kv_used[i])));
+    }
+  }
+  // Times, then the critical path with the transitions' releases.
+  r.stage_seconds.resize(n);
+  for (std::size_t i = 0; i < n; ++i)
+    if (fail[i].empty()) r.stage_seconds[i] = truth.run_seconds(og.stages[i].model->config(), og.stages[i].kind, layouts[i], load, pool[i]);
+  std::vector<double> finish(n), free_finish(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    double start = 0, free_start = 0;
+    for (int p : og.after[i]) start = std::max(start, finish[std::size_t(p)]), free_start = std::max(free_start, free_finish[std::size_t(p)]);
+    const auto rel = release.find(og.stages[i].name());
+    if (rel != release.end()) start = std::max(start, rel->second);
+    if (!fail[i].empty() && !r.failed) {
+      r.failed = true;
+      r.oom = fail[i].find("memory") != std::string::npos;
+      r.failed_after = start;
+      r.why = og.stages[i].name() + ": " + fail[i];
+    }
+    finish[i] = start + r.stage_seconds[i];
+    free_finish[i] = free_start + r.stage_seconds[i];
+    r.seconds = std::max(r.seconds, finish[i]);
+    r.unhindered_seconds = std::max(r.unhindered_seconds, free_finish[i]);
+    if (og.phase[i] == 0) r.generation_done = std::max(r.generation_done, free_finish[i]);
+  }
+  return r;
+}
+
+/// When each model-stage's new units are ready, relative to the step boundary, for a
+/// transition that runs beside the steps: state of a role that trains can move only after
+/// its optimizer step (the boundary); frozen models' units from `early` on (< 0: during
+/// the step before). Returns per model-stage the release time and sets `span`.
+std::map<std::string, double> overlap_release(const TransitionGraph& g, const JobSpec& job, double early, double& span) {
+  std::map<std::string, bool> trains;
+  for (const ModelStage& s : model_stages(job)) trains[s.role] = trains[s.role] || s.kind == StageKind::train;
+  // Node times are the graph's critical path; a link-bound graph takes longer in all.
+  const double stretch =
+      g.summary.critical_path_seconds > 0 ? std::max(1.0, g.summary.l_tran_seconds / g.summary.critical_path_seconds) : 1.0;
+  std::vector<double> finish(g.nodes.size());
+  std::map<std::string, double> ready;
+  double first = std::numeric_limits<double>::infinity(), last = 0;
+  for (std::size_t k = 0; k < g.nodes.size(); ++k) {
+    const GraphNode& node = g.nodes[k];
+    const std::string& stage = g.stages[node.unit.stage];
+    const std::string role = stage.substr(0, stage.find('/'));
+    double start = trains[role] ? 0.0 : early;
+    for (const Edge& e : node.after) start = std::max(start, finish[e.node]);
+    const bool alone = start >= 0 && g.phase[node.unit.stage] == 0;
+    finish[k] = start + node.seconds * stretch * (alone ? 1.0 : kSharedLinkSlowdown);
+    first = std::min(first, start);
+    last = std::max(last, finish[k]);
+    if (node.is_build() && node.unit.target) ready[stage] = std::max(ready[stage], finish[k]);
+  }
+  span = g.nodes.empty() ? 0 : last - first;
+  return ready;
 }
 
 }  // namespace
@@ -65,8 +168,13 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
     if (s.gpus > cluster.gpus())
       throw Error("simulate: step " + std::to_string(s.step) + " asks for " + std::to_string(s.gpus) +
                   " GPUs but the cluster has " + std::to_string(cluster.gpus()));
-  HardwareModel hw(cluster, options.seed, options.noise);
+  GroundTruth truth(cluster, options.seed, options.noise);
   Controller ctl(job, cluster, options.controller);
+  // Transitions' true time: their graphs with the truth's link efficiencies.
+  ClusterSpec links = cluster;
+  links.intra_node_gbps *= truth.intra_efficiency();
+  links.inter_node_gbps *= truth.inter_efficiency();
+  const Controller mover(job, links, options.controller);
   const auto stages = model_stages(job);
   auto signals = [&](std::size_t k, std::size_t seen) {
     // The pool is known before step k; lengths and link speed only from the last step run.
@@ -74,17 +182,22 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
                    trace[seen].link_slowdown};
   };
   GlobalPlan plan = ctl.initial(signals(0, 0));
+  bool force_recompute = false;  // the framework's own fallback after a failure
   SimulationResult r;
   std::vector<double> decision_ms;
+  StepRun previous;
+  double compute = 0;
   for (std::size_t k = 0; k < trace.size(); ++k) {
     StepRecord rec;
     rec.step = trace[k].step;
     rec.gpus = trace[k].gpus;
     rec.response_len_mean = trace[k].response_len_mean;
     rec.link_slowdown = trace[k].link_slowdown;
+    const Signals seen = signals(k, k > 0 ? k - 1 : 0);
+    std::map<std::string, double> release;
+    double before = 0;  // an urgent transition's time, spent before the step starts
     if (k > 0) {
-      const Signals s = signals(k, k - 1);
-      Decision d = ctl.decide(s, plan);
+      Decision d = ctl.decide(seen, plan);
       rec.trigger = d.trigger;
       if (d.replanned || d.admitted) {
         ++r.replans;
@@ -92,147 +205,112 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
         rec.decision = d.admitted ? "switch: " + d.why : "stay: " + d.why;
       }
       if (d.admitted) {
-        // The transition's true time: its graph with the hardware's link efficiency.
-        ClusterSpec truth = cluster;
-        truth.intra_node_gbps *= hw.link_efficiency();
-        truth.inter_node_gbps *= hw.link_efficiency();
-        const TransitionGraph g = Controller(job, truth, options.controller).transition(plan, d.target, s);
-        rec.transition_seconds = g.summary.l_tran_seconds;
+        const TransitionGraph g = mover.transition(plan, d.target, seen);
+        if (d.urgent) {
+          // The current plan cannot run this step: the transition runs first, in the open.
+          rec.transition_seconds = rec.exposed_seconds = before = g.summary.l_tran_seconds;
+        } else {
+          double span = 0;
+          release = overlap_release(g, job, -(previous.unhindered_seconds - previous.generation_done), span);
+          rec.transition_seconds = span;
+        }
         r.transition_seconds += rec.transition_seconds;
-        r.exposed_transition_seconds += rec.transition_seconds;  // at the step boundary (sync mode)
         ++r.transitions;
         plan = d.target;
+        force_recompute = false;
       }
       if (d.replanned || d.admitted) r.decisions.push_back(std::move(d));
     }
-    Workload w = ctl.workload(signals(k, k));
-    const StepTruth t = run_step(hw, job, plan, w, trace[k].gpus);
-    rec.seconds = t.seconds;
-    rec.peak_bytes = t.peak;
-    rec.oom = !t.fits;
-    const PlanEstimate predicted = estimate_plan(ctl.model(), job, plan, w);
-    rec.predicted_seconds = predicted.step_seconds;
-    if (t.fits) ctl.measure_memory(predicted.peak_memory_bytes, t.peak);
+    const TruthLoad load = load_of(job, trace[k]);
+    const Workload expected = ctl.workload(seen);
+    bool recompute = force_recompute || estimate_plan(ctl.model(), job, plan, expected, options.controller.headroom).recompute;
+    StepRun run = run_step(truth, job, plan, load, trace[k].gpus, recompute, release);
+    rec.exposed_seconds += run.seconds - run.unhindered_seconds;
+    double seconds = run.seconds;
+    if (run.failed) {
+      // Restart from the checkpoint onto a plan that fits: recomputation first, then the
+      // planner's plan for the pool present; the step runs again there. Never calibrates.
+      rec.failed = true;
+      rec.oom = run.oom;
+      rec.failure = run.why;
+      double lost = run.failed_after + kRestartSeconds;
+      StepRun again;
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        if (attempt == 0 && run.oom && !recompute) {
+          recompute = force_recompute = true;
+        } else {
+          // The planner's plan for the pool present, or when none fits by the cost model,
+          // the same layouts with fewer replicas sharing GPUs.
+          const PlanChoice c = plan_job(ctl.model(), job, trace[k].gpus, expected, options.controller.planner);
+          plan = c.feasible ? c.plan : ctl.rescale(plan, trace[k].gpus);
+          recompute = force_recompute = true;
+        }
+        again = run_step(truth, job, plan, load, trace[k].gpus, recompute);
+        lost += double(again.resident_max) / truth.checkpoint_bytes_per_second();
+        if (!again.failed) break;
+        lost += again.failed_after + kRestartSeconds;
+      }
+      rec.failure_seconds = lost;
+      seconds = again.failed ? lost : lost + again.seconds;
+      compute += again.failed ? 0 : again.unhindered_seconds;
+      run = again;
+      ++r.failed_steps;
+      r.oom_steps += rec.oom;
+    } else {
+      compute += run.unhindered_seconds;
+      // The step ran: its stage times and its peak calibrate the controller.
+      const OverlapGraph og = overlap_graph(job, plan);
+      for (std::size_t i = 0; i < og.stages.size(); ++i) {
+        Candidate c = candidate_of(*plan.find(og.stages[i].name()), recompute && og.stages[i].kind == StageKind::train);
+        ctl.measure(og.stages[i], c, ctl.workload(signals(k, k)), run.stage_seconds[i]);
+      }
+      const PlanEstimate predicted = estimate_plan(ctl.model(), job, plan, ctl.workload(signals(k, k)), options.controller.headroom);
+      rec.predicted_seconds = predicted.step_seconds;
+      ctl.measure_memory(predicted.peak_memory_bytes, run.peak);
+    }
+    rec.seconds = before + seconds;
+    rec.peak_bytes = run.peak;
     rec.plan = short_plan(job, plan);
-    r.oom_steps += rec.oom;
-    for (std::size_t i = 0; i < stages.size(); ++i)
-      ctl.measure(stages[i], candidate_of(*plan.find(stages[i].name())), w, t.stage_seconds[i]);
+    r.exposed_transition_seconds += rec.exposed_seconds;
+    r.failure_seconds += rec.failure_seconds;
+    previous = run;
     r.records.push_back(std::move(rec));
   }
   r.steps = static_cast<long>(trace.size());
-  double sum = 0;
-  for (const StepRecord& s : r.records) sum += s.seconds;
-  r.mean_step_seconds = sum / static_cast<double>(r.steps);
-  r.total_seconds = sum + r.exposed_transition_seconds;
+  for (const StepRecord& s : r.records) r.total_seconds += s.seconds;
+  r.mean_step_seconds = r.total_seconds / double(r.steps);
+  r.mean_compute_seconds = compute / double(r.steps);
   std::sort(decision_ms.begin(), decision_ms.end());
   if (!decision_ms.empty()) {
     r.decision_ms_median = decision_ms[decision_ms.size() / 2];
     r.decision_ms_max = decision_ms.back();
   }
   r.efficiency = ctl.model().efficiency();
-  // Held out: stage runs of candidates the run never executed, at workloads of the trace.
+  // Held out: single stage runs of candidates at the trace's workloads, on otherwise empty GPUs.
   std::mt19937_64 rng(options.seed ^ 0x5eed);
   std::vector<Measurement> held;
-  for (int n = 0; n < 72; ++n) {
+  for (int tries = 0; held.size() < 72 && tries < 2000; ++tries) {
     const TraceStep& ts = trace[rng() % trace.size()];
     const ModelStage& st = stages[rng() % stages.size()];
     const auto cands = stage_candidates(st, ts.gpus, cluster, job.prompts_per_step * job.samples_per_prompt);
     if (cands.empty()) continue;
     const Candidate c = cands[rng() % cands.size()];
+    const TruthLoad load = load_of(job, ts);
+    const TruthLayout l{c.tp, c.pp, c.dp, c.recompute};
+    const TruthStage m = truth.memory(st.model->config(), st.kind, l, load);
+    const std::uint64_t used = truth.context_bytes() + m.resident + m.working;
+    if (used > truth.capacity_bytes()) continue;
+    const double t = truth.run_seconds(st.model->config(), st.kind, l, load, truth.capacity_bytes() - used);
+    if (!std::isfinite(t)) continue;
     Workload w = Workload::of(job, ts.response_len_mean, ts.response_len_p95);
     w.link_slowdown = ts.link_slowdown;
-    held.push_back({ctl.model().work(st, c, w), hw.stage_seconds(st, c, w)});
+    held.push_back({ctl.model().work(st, c, w), t});
   }
   const Fit fit = Calibrator::fit(r.efficiency, held);
   r.mape = fit.mape;
   r.max_ape = fit.max_ape;
   r.mape_prior = Calibrator::fit(conservative_efficiency(), held).mape;
   return r;
-}
-
-std::string timeline_jsonl(const SimulationResult& r) {
-  std::string out;
-  for (const StepRecord& s : r.records) {
-    nlohmann::json j = {{"step", s.step},
-                        {"gpus", s.gpus},
-                        {"response_len_mean", s.response_len_mean},
-                        {"link_slowdown", s.link_slowdown},
-                        {"seconds", s.seconds},
-                        {"predicted_seconds", s.predicted_seconds},
-                        {"transition_seconds", s.transition_seconds},
-                        {"peak_bytes", s.peak_bytes},
-                        {"oom", s.oom},
-                        {"plan", s.plan}};
-    if (!s.trigger.empty()) j["trigger"] = s.trigger;
-    if (!s.decision.empty()) j["decision"] = s.decision;
-    out += j.dump() + "\n";
-  }
-  return out;
-}
-
-std::string plot_svg(const SimulationResult& r, const std::string& title) {
-  const double W = 960, H = 420, left = 70, right = 70, top = 40, bottom = 50;
-  const double pw = W - left - right, ph = H - top - bottom;
-  double ymax = 0;
-  int gmax = 1;
-  for (const StepRecord& s : r.records) ymax = std::max(ymax, s.seconds), gmax = std::max(gmax, s.gpus);
-  ymax = ymax > 0 ? ymax * 1.1 : 1;
-  const double n = std::max<double>(1, static_cast<double>(r.records.size()) - 1);
-  auto x = [&](std::size_t i) { return left + pw * static_cast<double>(i) / n; };
-  auto y = [&](double v) { return top + ph * (1 - v / ymax); };
-  auto yg = [&](double g) { return top + ph * (1 - g / (gmax * 1.1)); };
-  auto esc = [](std::string s) {
-    std::string o;
-    for (char c : s) o += c == '<' ? std::string("&lt;") : c == '>' ? std::string("&gt;") : c == '&' ? std::string("&amp;") : std::string(1, c);
-    return o;
-  };
-  char buf[256];
-  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"960\" height=\"420\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  svg += "<rect width=\"960\" height=\"420\" fill=\"white\"/>\n";
-  std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"22\" font-size=\"15\">%s</text>\n", left, esc(title).c_str());
-  svg += buf;
-  std::snprintf(buf, sizeof buf, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#888\"/>\n", left, top, pw, ph);
-  svg += buf;
-  for (int k = 0; k <= 4; ++k) {
-    const double v = ymax * k / 4;
-    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%.1f</text>\n", left - 6, y(v) + 4, v);
-    svg += buf;
-    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" fill=\"#2a7\">%d</text>\n", left + pw + 6, yg(gmax * 1.1 * k / 4) + 4,
-                  static_cast<int>(gmax * 1.1 * k / 4));
-    svg += buf;
-  }
-  // Transitions: vertical lines.
-  for (std::size_t i = 0; i < r.records.size(); ++i)
-    if (r.records[i].transition_seconds > 0) {
-      std::snprintf(buf, sizeof buf, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#d33\" stroke-dasharray=\"3,3\"/>\n", x(i), top,
-                    x(i), top + ph);
-      svg += buf;
-    }
-  auto polyline = [&](auto&& value, const char* colour) {
-    std::string pts;
-    for (std::size_t i = 0; i < r.records.size(); ++i) {
-      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", x(i), value(r.records[i]));
-      pts += buf;
-    }
-    return "<polyline fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"1.2\" points=\"" + pts + "\"/>\n";
-  };
-  svg += polyline([&](const StepRecord& s) { return yg(s.gpus); }, "#2a7");
-  svg += polyline([&](const StepRecord& s) { return y(s.seconds); }, "#236");
-  for (std::size_t i = 0; i < r.records.size(); ++i)
-    if (r.records[i].oom) {
-      std::snprintf(buf, sizeof buf, "<circle cx=\"%g\" cy=\"%g\" r=\"2.5\" fill=\"#f80\"/>\n", x(i), y(r.records[i].seconds));
-      svg += buf;
-    }
-  std::snprintf(buf, sizeof buf,
-                "<text x=\"%g\" y=\"%g\">step</text><text x=\"12\" y=\"%g\" fill=\"#236\">s/step</text>"
-                "<text x=\"%g\" y=\"%g\" fill=\"#2a7\">GPUs</text>\n",
-                left + pw / 2, H - 12, top - 8, W - right + 6, top - 8);
-  svg += buf;
-  std::snprintf(buf, sizeof buf,
-                "<text x=\"%g\" y=\"%g\">%d steps, mean %.2f s/step, %d transitions (dashed, %.1f s), %d out-of-memory steps (dots)</text>\n",
-                left, H - 28.0, static_cast<int>(r.steps), r.mean_step_seconds, r.transitions, r.transition_seconds, r.oom_steps);
-  svg += buf;
-  return svg + "</svg>\n";
 }
 
 }  // namespace nereus

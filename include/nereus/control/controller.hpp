@@ -3,12 +3,15 @@
 //
 // Triggers: a change of the GPU pool or a predicted memory violation of the current plan
 // (urgent when the current plan can no longer run); a drifting signal — mean response
-// length, inter-node link slowdown — beyond δ of its reference value. References reset at
+// length, inter-node link slowdown, or the current plan's predicted latency under the
+// calibrated model ("model") — beyond δ of its reference value. References reset at
 // every replan, also when the candidate is rejected. Admission: urgent → the first
 // feasible transition; otherwise ΔL > 0 and L_tran / ΔL ≤ γ·H_x, with H_x the moving
 // average of steps between crossings of the triggering signal (1 before the first
 // interval; the smallest H_x when several trigger). When S* cannot be reached, slightly
-// slower candidates that keep more of the current plan are tried.
+// slower candidates that keep more of the current plan are tried; when one of them is
+// admitted (more than δ/3 slower than S*), the next step replans once more ("retry") from
+// the plan it reached, over the same horizon.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -22,13 +25,14 @@ namespace nereus {
 
 /// Which plan changes a controller makes (interfaces.md, `nereus simulate --policy`).
 enum class Policy : std::uint8_t {
-  fixed,   ///< "static": keep the first TP/PP; scale DP with the pool
+  fixed,      ///< "static" (the paper's baseline): TP/PP planned for the first step, DP scaled with the pool
+  fixed_max,  ///< "static-max": the same, but planned for the job's max_response_len (knows the worst case)
   every,   ///< switch to the planner's target every K steps
   greedy,  ///< any transition that improves the predicted step latency
   nereus,  ///< payback admission
 };
 
-/// Parses "static", "every:K", "greedy", "nereus"; K is returned in `every`.
+/// Parses "static", "static-max", "every:K", "greedy", "nereus"; K is returned in `every`.
 Policy parse_policy(const std::string& text, int& every);
 
 struct ControllerOptions {
@@ -99,6 +103,11 @@ class Controller {
   /// Throws Error naming a model-stage the job does not have or a negative time.
   Decision step(const GlobalPlan& current, const StepObservation& o);
 
+  /// `current`'s TP and PP with each model-stage's share of `gpus` GPUs as replicas, inside
+  /// the pool: units that do not fit side by side share GPUs and run one after the other.
+  /// The static policies' plan on a pool change, and everyone's fallback when no plan fits.
+  GlobalPlan rescale(const GlobalPlan& current, int gpus) const;
+
   const CostModel& model() const { return model_; }
   const Calibrator& calibrator() const { return calibrator_; }
   Workload workload(const Signals& s) const;
@@ -106,7 +115,6 @@ class Controller {
   TransitionGraph transition(const GlobalPlan& from, const GlobalPlan& to, const Signals& s) const;
 
  private:
-  GlobalPlan rescale(const GlobalPlan& current, int gpus) const;
   double horizon(const std::vector<std::string>& signals, long step);
 
   const JobSpec& job_;
@@ -115,6 +123,8 @@ class Controller {
   CostModel model_;
   Calibrator calibrator_;
   Signals reference_;
+  double reference_seconds_ = 0;  ///< the current plan's predicted latency at the last replan
+  double retry_horizon_ = 0;      ///< > 0: the last admitted plan fell short of S*; retry once with this H_x
   std::map<std::string, double> horizon_;    // H_x per signal
   std::map<std::string, long> last_cross_;   // step of the last crossing per signal
   long last_every_ = 0;

@@ -32,8 +32,9 @@ enum class OpClass : std::uint8_t {
   allreduce_inter,  ///< all-reduce across nodes
   p2p_intra,        ///< pipeline sends inside a node
   p2p_inter,        ///< pipeline sends across nodes
+  launch,           ///< kernel launches: a microsecond each at efficiency 1
 };
-inline constexpr std::size_t kOpClasses = 7;
+inline constexpr std::size_t kOpClasses = 8;
 std::string_view to_string(OpClass c);
 
 /// Seconds a candidate would take at the peak rate of each class (FLOPs at bf16 peak,

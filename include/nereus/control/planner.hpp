@@ -66,6 +66,7 @@ struct PlanEstimate {
   double step_seconds = 0;
   std::uint64_t peak_memory_bytes = 0;
   bool fits = false;  ///< peak within capacity × (1 − headroom)
+  bool recompute = false;  ///< training stages recompute activations (the full ones do not fit)
   std::vector<double> stage_seconds;
 };
 PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const GlobalPlan& plan, const Workload& w,

@@ -1,10 +1,13 @@
 #pragma once
 // The simulator (`nereus simulate`): replays a drift trace on a virtual cluster through the
-// real controller and transition graph, with the ground-truth hardware model standing in
-// for the GPUs. Per step: the controller sees the pool and the last step's signals and
-// may change plan (the transition's time comes from its graph with the hardware's link
-// efficiency); the step runs on the true hardware (a plan whose true peak exceeds a GPU
-// fails the step: out of memory); measured stage times calibrate the cost model.
+// real controller and transition graph, with the ground truth (sim/truth.hpp, written apart
+// from the cost model) standing in for the GPUs. Per step: the controller sees the pool and
+// the last step's signals and may change plan; the transition runs on its graph with the
+// truth's link efficiencies — before the step when the current plan cannot run it (urgent),
+// otherwise beside the steps as the job runtime runs it; the step runs on the truth. A step
+// whose true memory exceeds a GPU or that needs a GPU outside the pool fails: it costs the
+// time until the failing stage, a restart, a checkpoint reload and the step again on a plan
+// that fits, and it never calibrates. Every policy is scored by this one loop.
 #include <string>
 #include <vector>
 
@@ -25,23 +28,30 @@ struct StepRecord {
   int gpus = 0;
   double response_len_mean = 0;
   double link_slowdown = 1;
-  double seconds = 0;             ///< the step's true time
-  double predicted_seconds = 0;   ///< the cost model's prediction for it
-  double transition_seconds = 0;  ///< before this step
+  double seconds = 0;             ///< what the step cost: compute, waits for transitions, failure
+  double predicted_seconds = 0;   ///< the cost model's prediction (steps that ran)
+  double transition_seconds = 0;  ///< the transition that took effect at this step, as it ran
+  double exposed_seconds = 0;     ///< of it, the time the step waited
+  double failure_seconds = 0;     ///< lost to a failure: until it, restart, reload
   std::uint64_t peak_bytes = 0;   ///< true, busiest GPU
-  bool oom = false;
+  bool failed = false;
+  bool oom = false;               ///< failed for memory
+  std::string failure;            ///< which stage failed, and why
   std::string plan;               ///< short form: tp/pp/dp per model-stage
   std::string trigger, decision;
 };
 
 struct SimulationResult {
   long steps = 0;
-  double mean_step_seconds = 0;
+  double mean_step_seconds = 0;       ///< the paper's metric: transitions' waits and failures included
+  double mean_compute_seconds = 0;    ///< the steps' own run time
   double total_seconds = 0;
-  double transition_seconds = 0;
+  double transition_seconds = 0;      ///< transitions as they ran
   double exposed_transition_seconds = 0;
+  double failure_seconds = 0;
   int transitions = 0;
-  int oom_steps = 0;
+  int failed_steps = 0;
+  int oom_steps = 0;                  ///< failed steps that ran out of memory
   int replans = 0;
   double decision_ms_median = 0;
   double decision_ms_max = 0;

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Every policy of `nereus simulate` on the drift traces, as the markdown table of
+docs/controller.md. Usage: benches/controller_table.py NEREUS [SHARED_DIR]. One run per
+row (seed 1); the ratio column is against `static` of the same trace and job."""
+import json
+import os
+import subprocess
+import sys
+
+nereus = sys.argv[1]
+shared = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "shared")
+here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+cases = [
+    ("length-growth-64gpu", "paper-cluster-2-a100", os.path.join(shared, "traces", "length-growth-64gpu.jsonl"),
+     ["ppo-llama-3.1-8b"]),
+    ("spot-16-64gpu", "paper-cluster-2-a100", os.path.join(shared, "traces", "spot-16-64gpu.jsonl"),
+     [os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p256.json"), "ppo-llama-3.1-8b",
+      os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p4096.json")]),
+    ("growth-1024gpu", "paper-cluster-1-mi250x", os.path.join(here, "examples", "traces", "growth-1024gpu.jsonl"),
+     ["ppo-llama-3.1-8b"]),
+]
+policies = ["nereus", "static", "static-max", "greedy", "every:3"]
+print("| trace | prompts/step | policy | mean s/step (computing) | vs static | transitions: s, exposed s | failed (OOM) | decision ms median / max | held-out MAPE |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name, cluster, trace, jobs in cases:
+    for job in jobs:
+        prompts = json.load(open(job))["prompts_per_step"] if job.endswith(".json") else 1024
+        rows = {}
+        for p in policies:
+            out = subprocess.run([nereus, "simulate", "--cluster", cluster, "--job", job, "--trace", trace, "--policy", p, "--json"],
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                print(f"| {name} | {prompts} | {p} | error: {out.stderr.strip()} |||||")
+                continue
+            rows[p] = json.loads(out.stdout)
+        base = rows.get("static", {}).get("mean_step_seconds")
+        for p, j in rows.items():
+            vs = f"{100 * (j['mean_step_seconds'] / base - 1):+.1f}%" if base else "–"
+            print(f"| {name} | {prompts} | {p} | {j['mean_step_seconds']:.2f} ({j['mean_compute_seconds']:.2f}) | {vs} | "
+                  f"{j['transitions']}: {j['transition_seconds']:.1f}, {j['exposed_transition_seconds']:.1f} | "
+                  f"{j['failed_steps']} ({j['oom_steps']}) | {j['decision_ms_median']:.2f} / {j['decision_ms_max']:.1f} | "
+                  f"{100 * j['calibration_mape']:.1f}% |")

@@ -1,0 +1,216 @@
+// The controller's mechanisms one by one (triggers, references, H_x, the urgent path,
+// retries), the simulator's accounting of failed steps and transitions, and the ground
+// truth: its realism where it matters to the controller, and its independence from the
+// cost model it grades.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "nereus/control/controller.hpp"
+#include "nereus/core/presets.hpp"
+#include "nereus/sim/simulator.hpp"
+#include "nereus/sim/truth.hpp"
+#include "test_util.hpp"
+
+using namespace nereus;
+using testing::error_of;
+using testing::has;
+
+namespace {
+
+std::string plan_text(const GlobalPlan& p) {
+  std::string s;
+  for (const auto& [name, spec] : p.stages) s += name + ":" + to_string(spec) + " ";
+  return s;
+}
+
+bool uses_only(const GlobalPlan& p, int gpus) {
+  for (const auto& [name, spec] : p.stages)
+    for (DeviceId d : spec.devices)
+      if (d < 0 || d >= gpus) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("controller: drift triggers a replan, references reset even when it is rejected, no trigger without drift") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  Controller ctl(job, load_cluster("paper-cluster-2-a100"));
+  const GlobalPlan plan = ctl.initial({0, 32, 1000, 1160, 1});
+  CHECK(uses_only(plan, 32));
+  CHECK(ctl.decide({1, 32, 1100, 1276, 1}, plan).trigger.empty());  // 10% < δ = 30%
+  const Decision d = ctl.decide({2, 32, 1500, 1740, 1}, plan);
+  CHECK(has(d.trigger, "length"));
+  CHECK(d.replanned);
+  CHECK_FALSE(d.urgent);
+  // The reference is now 1500 whatever was decided: the same length does not trigger again
+  // (a retry may follow an admitted compromise, nothing else).
+  const Decision again = ctl.decide({3, 32, 1500, 1740, 1}, d.admitted ? d.target : plan);
+  CHECK((again.trigger.empty() || again.trigger == "retry"));
+  CHECK(has(ctl.decide({4, 32, 1500, 1740, 1.5}, d.admitted ? d.target : plan).trigger, "link"));
+}
+
+TEST_CASE("controller: H_x is the moving average of steps between crossings of the triggering signal") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  ControllerOptions o;
+  o.ema = 0.5;
+  Controller ctl(job, load_cluster("paper-cluster-2-a100"), o);
+  GlobalPlan plan = ctl.initial({0, 32, 1000, 1160, 1});
+  // Lengths alternate beyond δ at steps 10, 20 and 40: H = 1 (no interval yet), then the
+  // first interval 10, then 0.5·10 + 0.5·20 = 15.
+  const std::vector<std::pair<long, double>> crossings = {{10, 2000}, {20, 1000}, {40, 2000}};
+  const std::vector<double> want = {1, 10, 15};
+  for (std::size_t i = 0; i < crossings.size(); ++i) {
+    const auto [step, len] = crossings[i];
+    const Decision d = ctl.decide({step, 32, len, len * 1.16, 1}, plan);
+    REQUIRE(has(d.trigger, "length"));
+    CHECK(d.horizon_steps == doctest::Approx(want[i]));
+    if (d.admitted) plan = d.target;
+    // Quiet steps in between (a retry may run once; it keeps H).
+    ctl.decide({step + 1, 32, len, len * 1.16, 1}, plan);
+  }
+}
+
+TEST_CASE("controller: a pool that loses the plan's GPUs is urgent and the target stays inside the pool") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  for (const char* policy : {"nereus", "static", "static-max", "greedy"}) {
+    ControllerOptions o;
+    o.policy = parse_policy(policy, o.every);
+    Controller ctl(job, load_cluster("paper-cluster-2-a100"), o);
+    const GlobalPlan plan = ctl.initial({0, 32, 1000, 1160, 1});
+    const Decision d = ctl.decide({1, 16, 1000, 1160, 1}, plan);
+    CAPTURE(policy);
+    CHECK(has(d.trigger, "pool"));
+    CHECK(d.urgent);
+    REQUIRE(d.admitted);
+    CHECK(uses_only(d.target, 16));
+  }
+}
+
+TEST_CASE("controller: static keeps the first step's TP/PP; static-max plans for max_response_len") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  ControllerOptions a, b;
+  a.policy = parse_policy("static", a.every);
+  b.policy = parse_policy("static-max", b.every);
+  Controller fixed(job, load_cluster("paper-cluster-2-a100"), a), worst(job, load_cluster("paper-cluster-2-a100"), b);
+  const Signals first{0, 32, 500, 580, 1};
+  const GlobalPlan p = fixed.initial(first), q = worst.initial(first);
+  Controller nereus(job, load_cluster("paper-cluster-2-a100"));
+  CHECK(plan_text(p) == plan_text(nereus.initial(first)));  // the planner's plan for the first step
+  CHECK(plan_text(p) != plan_text(q));                       // not the one for 8,192-token responses
+  // Responses grow 8x: static does not replan; on a pool change it keeps every TP and PP.
+  CHECK_FALSE(fixed.decide({1, 32, 4000, 4640, 1}, p).replanned);
+  const Decision grow = fixed.decide({2, 64, 4000, 4640, 1}, p);
+  REQUIRE(grow.admitted);
+  for (const auto& [name, spec] : grow.target.stages) {
+    CHECK(spec.layout.tp == p.find(name)->layout.tp);
+    CHECK(spec.layout.pp == p.find(name)->layout.pp);
+  }
+  CHECK(has(error_of([] {
+          int k = 0;
+          parse_policy("static-min", k);
+        }),
+        "static, static-max, every:K, greedy, nereus"));
+}
+
+TEST_CASE("simulator: failed steps cost time, never calibrate, and every second is accounted for") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const ClusterSpec cluster = load_cluster("paper-cluster-2-a100");
+  const char* shared = std::getenv("NEREUS_SHARED");
+  REQUIRE(shared);
+  const auto trace = load_trace(std::string(shared) + "/traces/spot-16-64gpu.jsonl");
+  SimulationOptions o;
+  o.controller.policy = parse_policy("static", o.controller.every);
+  const SimulationResult fixed = simulate(cluster, job, trace, o);
+  o.controller.policy = Policy::nereus;
+  const SimulationResult adaptive = simulate(cluster, job, trace, o);
+  for (const SimulationResult* r : {&fixed, &adaptive}) {
+    double sum = 0, exposed = 0, lost = 0;
+    int failed = 0, oom = 0;
+    for (const StepRecord& s : r->records) {
+      sum += s.seconds;
+      exposed += s.exposed_seconds;
+      lost += s.failure_seconds;
+      failed += s.failed;
+      oom += s.oom;
+      CHECK(s.exposed_seconds <= s.transition_seconds + 1e-9 + (s.exposed_seconds > 0 ? s.seconds : 0));
+      if (s.failed) {
+        CHECK(s.predicted_seconds == 0);        // a failed step never calibrates
+        CHECK(s.failure_seconds >= 60);         // a restart at least
+        CHECK(s.seconds >= s.failure_seconds);  // and the step again on a plan that fits
+        CHECK_FALSE(s.failure.empty());
+      }
+    }
+    CHECK(r->total_seconds == doctest::Approx(sum));
+    CHECK(r->mean_step_seconds == doctest::Approx(sum / double(r->steps)));
+    CHECK(r->mean_compute_seconds <= r->mean_step_seconds + 1e-9);
+    CHECK(r->exposed_transition_seconds == doctest::Approx(exposed));
+    CHECK(r->failure_seconds == doctest::Approx(lost));
+    CHECK(r->failed_steps == failed);
+    CHECK(r->oom_steps == oom);
+  }
+  // The cost model's memory is calibrated, not exact: on this trace a step runs out of
+  // memory, so the failure path above was taken.
+  CHECK(fixed.failed_steps + adaptive.failed_steps >= 1);
+}
+
+TEST_CASE("ground truth: generation slows down rather than fails when the KV cache is short; training does fail") {
+  const ClusterSpec cluster = load_cluster("paper-cluster-2-a100");
+  GroundTruth truth(cluster, 1, 0);
+  const ModelConfig m = load_model("llama-3.1-8b")->config();
+  TruthLoad w{1024, 512, 1000, 1160, 8192, 1};
+  const TruthLayout tp1{1, 1, 4, false}, tp2{2, 1, 2, false};
+  const std::uint64_t pool = 24ull << 30;
+  const std::int64_t c1 = truth.concurrency(m, tp1, w, pool);
+  CHECK(c1 > 0);
+  CHECK(c1 < 256);  // memory, not the engine's limit, binds
+  CHECK(truth.concurrency(m, tp2, w, pool) > c1);  // half the KV heads per GPU
+  TruthLoad longer = w;
+  longer.response_mean = 4000, longer.response_p95 = 4640;
+  CHECK(truth.concurrency(m, tp1, longer, pool) < c1);
+  const double short_pool = truth.expected_seconds(m, StageKind::generate, tp1, w, 8ull << 30);
+  const double long_pool = truth.expected_seconds(m, StageKind::generate, tp1, w, pool);
+  CHECK(std::isfinite(short_pool));
+  CHECK(short_pool > long_pool);
+  CHECK(truth.concurrency(m, tp1, w, 1ull << 20) == 0);  // not one response fits: fails
+  // Training: recomputation trades time for activation memory (Korthikanti et al.).
+  const TruthLayout full{1, 4, 4, false}, re{1, 4, 4, true};
+  CHECK(truth.memory(m, StageKind::train, re, longer).working < truth.memory(m, StageKind::train, full, longer).working);
+  CHECK(truth.expected_seconds(m, StageKind::train, re, longer, 0) > truth.expected_seconds(m, StageKind::train, full, longer, 0));
+  // The longest of 1,024 lognormal responses lies beyond their p95.
+  CHECK(expected_max_length(1000, 1160, 1024) > 1160);
+  CHECK(expected_max_length(1000, 1000, 1024) == doctest::Approx(1000));
+}
+
+TEST_CASE("ground truth: written apart from the cost model (no include of control/ or plan/, directly or not)") {
+  const char* root = std::getenv("NEREUS_SOURCE");
+  REQUIRE_MESSAGE(root, "NEREUS_SOURCE names the source tree");
+  const std::string src = root;
+  const std::regex include(R"re(#include\s+"(nereus/[^"]+)")re");
+  std::set<std::string> seen;
+  std::vector<std::string> todo = {src + "/src/sim/truth.cpp"};
+  while (!todo.empty()) {
+    const std::string path = todo.back();
+    todo.pop_back();
+    std::ifstream in(path);
+    REQUIRE_MESSAGE(in, path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string body = text.str();
+    CHECK_MESSAGE(body.find("CostModel") == std::string::npos, path);
+    CHECK_MESSAGE(body.find("estimate_plan") == std::string::npos, path);
+    for (std::sregex_iterator it(body.begin(), body.end(), include), end; it != end; ++it) {
+      const std::string header = (*it)[1];
+      const std::string what = path + " includes " + header;
+      CHECK_MESSAGE(header.rfind("nereus/control/", 0) != 0, what);
+      CHECK_MESSAGE(header.rfind("nereus/plan/", 0) != 0, what);
+      if (seen.insert(header).second) todo.push_back(src + "/include/" + header);
+    }
+  }
+  CHECK(seen.count("nereus/sim/truth.hpp") == 1);
+}
