@@ -10,33 +10,41 @@ import sys
 nereus = sys.argv[1]
 shared = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "shared")
 here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-cases = [
+cases = [  # (trace name, cluster, trace file, jobs, transitions mode)
     ("length-growth-64gpu", "paper-cluster-2-a100", os.path.join(shared, "traces", "length-growth-64gpu.jsonl"),
-     ["ppo-llama-3.1-8b"]),
+     ["ppo-llama-3.1-8b"], "overlap"),
     ("spot-16-64gpu", "paper-cluster-2-a100", os.path.join(shared, "traces", "spot-16-64gpu.jsonl"),
      [os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p256.json"), "ppo-llama-3.1-8b",
-      os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p4096.json")]),
+      os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p4096.json")], "overlap"),
+    ("paper-window-32gpu", "paper-cluster-2-a100", os.path.join(here, "examples", "traces", "paper-window-32gpu.jsonl"),
+     [os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p256.json"), "ppo-llama-3.1-8b",
+      os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p4096.json")], "overlap"),
+    ("link-flap-32gpu", "paper-cluster-2-a100", os.path.join(here, "examples", "traces", "link-flap-32gpu.jsonl"),
+     ["ppo-llama-3.1-8b"], "overlap"),
+    ("link-flap-32gpu", "paper-cluster-2-a100", os.path.join(here, "examples", "traces", "link-flap-32gpu.jsonl"),
+     ["ppo-llama-3.1-8b"], "boundary"),
     ("growth-1024gpu", "paper-cluster-1-mi250x", os.path.join(here, "examples", "traces", "growth-1024gpu.jsonl"),
-     ["ppo-llama-3.1-8b"]),
+     ["ppo-llama-3.1-8b"], "overlap"),
 ]
 policies = ["nereus", "static", "static-max", "greedy", "every:3"]
-print("| trace | prompts/step | policy | mean s/step (computing) | vs static | transitions: s, exposed s | failed (OOM) | decision ms median / max | held-out MAPE |")
-print("|---|---|---|---|---|---|---|---|---|")
-for name, cluster, trace, jobs in cases:
+print("| trace | prompts/step | transitions | policy | mean s/step (computing) | vs static | transitions: count, s, exposed s | "
+      "failed (OOM) | decision ms median / max | held-out MAPE |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for name, cluster, trace, jobs, mode in cases:
     for job in jobs:
         prompts = json.load(open(job))["prompts_per_step"] if job.endswith(".json") else 1024
         rows = {}
         for p in policies:
-            out = subprocess.run([nereus, "simulate", "--cluster", cluster, "--job", job, "--trace", trace, "--policy", p, "--json"],
-                                 capture_output=True, text=True)
+            out = subprocess.run([nereus, "simulate", "--cluster", cluster, "--job", job, "--trace", trace, "--policy", p,
+                                  "--transitions", mode, "--json"], capture_output=True, text=True)
             if out.returncode != 0:
-                print(f"| {name} | {prompts} | {p} | error: {out.stderr.strip()} |||||")
+                print(f"| {name} | {prompts} | {mode} | {p} | error: {out.stderr.strip()} ||||||")
                 continue
             rows[p] = json.loads(out.stdout)
         base = rows.get("static", {}).get("mean_step_seconds")
         for p, j in rows.items():
             vs = f"{100 * (j['mean_step_seconds'] / base - 1):+.1f}%" if base else "–"
-            print(f"| {name} | {prompts} | {p} | {j['mean_step_seconds']:.2f} ({j['mean_compute_seconds']:.2f}) | {vs} | "
-                  f"{j['transitions']}: {j['transition_seconds']:.1f}, {j['exposed_transition_seconds']:.1f} | "
+            print(f"| {name} | {prompts} | {mode} | {p} | {j['mean_step_seconds']:.2f} ({j['mean_compute_seconds']:.2f}) | {vs} | "
+                  f"{j['transitions']}, {j['transition_seconds']:.1f}, {j['exposed_transition_seconds']:.1f} | "
                   f"{j['failed_steps']} ({j['oom_steps']}) | {j['decision_ms_median']:.2f} / {j['decision_ms_max']:.1f} | "
                   f"{100 * j['calibration_mape']:.1f}% |")

@@ -92,6 +92,35 @@ TEST_CASE("controller: a pool that loses the plan's GPUs is urgent and the targe
   }
 }
 
+TEST_CASE("controller: when no plan fits the GPUs left, the current layouts go onto them with fewer replicas") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  Controller ctl(job, load_cluster("paper-cluster-2-a100"));
+  const GlobalPlan plan = ctl.initial({0, 32, 1000, 1160, 1});
+  const Decision d = ctl.decide({1, 4, 1000, 1160, 1}, plan);
+  CHECK(d.urgent);
+  CHECK(has(d.why, "no plan fits"));
+  CHECK(has(d.why, "fallback"));
+  REQUIRE(d.admitted);
+  CHECK(uses_only(d.target, 4));
+  for (const auto& [name, spec] : d.target.stages) {
+    CHECK(spec.layout.tp == plan.find(name)->layout.tp);
+    CHECK(spec.layout.pp == plan.find(name)->layout.pp);
+  }
+}
+
+TEST_CASE("controller: memory is planned for the longest p95 of the recent steps") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  ControllerOptions o;
+  o.memory_window = 3;
+  Controller ctl(job, load_cluster("paper-cluster-2-a100"), o);
+  GlobalPlan plan = ctl.initial({0, 32, 1000, 4000, 1});
+  const Signals quiet{1, 32, 1000, 1160, 1};
+  CHECK(ctl.workload(quiet).response_len_p95 == doctest::Approx(4000));
+  CHECK(ctl.workload(quiet).response_len_mean == doctest::Approx(1000));  // time uses the mean
+  for (long k = 1; k <= 3; ++k) ctl.decide({k, 32, 1000, 1160, 1}, plan);
+  CHECK(ctl.workload(quiet).response_len_p95 == doctest::Approx(1160));  // 4000 left the window
+}
+
 TEST_CASE("controller: static keeps the first step's TP/PP; static-max plans for max_response_len") {
   const JobSpec job = load_job("ppo-llama-3.1-8b");
   ControllerOptions a, b;
@@ -157,6 +186,23 @@ TEST_CASE("simulator: failed steps cost time, never calibrate, and every second 
   // The cost model's memory is calibrated, not exact: on this trace a step runs out of
   // memory, so the failure path above was taken.
   CHECK(fixed.failed_steps + adaptive.failed_steps >= 1);
+}
+
+TEST_CASE("simulator: at step boundaries every transition is exposed; beside the steps at most all of it") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const char* shared = std::getenv("NEREUS_SHARED");
+  REQUIRE(shared);
+  auto trace = load_trace(std::string(shared) + "/traces/spot-16-64gpu.jsonl");
+  trace.resize(120);
+  SimulationOptions o;
+  o.overlap = false;
+  const SimulationResult boundary = simulate(load_cluster("paper-cluster-2-a100"), job, trace, o);
+  REQUIRE(boundary.transitions > 0);
+  CHECK(boundary.exposed_transition_seconds == doctest::Approx(boundary.transition_seconds));
+  o.overlap = true;
+  const SimulationResult beside = simulate(load_cluster("paper-cluster-2-a100"), job, trace, o);
+  REQUIRE(beside.transitions > 0);
+  CHECK(beside.exposed_transition_seconds < beside.transition_seconds);
 }
 
 TEST_CASE("ground truth: generation slows down rather than fails when the KV cache is short; training does fail") {

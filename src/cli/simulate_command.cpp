@@ -20,6 +20,8 @@ struct SimulateArgs {
   double gamma = 0.5, delta = 0.3;
   std::uint64_t seed = 1;
   long steps = 0;
+  int profile_runs = 24;
+  std::string transitions = "overlap";
   bool json = false;
 };
 
@@ -39,6 +41,8 @@ void run_simulate(const SimulateArgs& a) {
   o.controller.gamma = a.gamma;
   o.controller.delta = a.delta;
   o.seed = a.seed;
+  o.profile_runs = a.profile_runs;
+  o.overlap = a.transitions == "overlap";
   const SimulationResult r = simulate(cluster, job, trace, o);
   if (!a.timeline.empty()) write_file(a.timeline, timeline_jsonl(r), "--timeline");
   if (!a.plot.empty())
@@ -110,6 +114,11 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--delta", a->delta, "relative drift that triggers a replan (default 0.3)")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "noise of the hardware model (default 1)");
   cmd->add_option("--steps", a->steps, "replay only the first N steps")->check(CLI::PositiveNumber);
+  cmd->add_option("--profile-runs", a->profile_runs, "stage runs profiled before the first step (default 24)")
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--transitions", a->transitions,
+                  "overlap: beside the steps, as the job runtime runs them (default); boundary: between steps, all exposed")
+      ->check(CLI::IsMember({"overlap", "boundary"}));
   cmd->add_option("--timeline", a->timeline, "write one JSON object per step to FILE");
   cmd->add_option("--plot", a->plot, "write an SVG plot of step latency, transitions and GPU pool to FILE");
   cmd->add_flag("--json", a->json, "print one JSON object");

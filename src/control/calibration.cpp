@@ -25,12 +25,12 @@ void Calibrator::add(const Measurement& m) {
 std::array<double, kOpClasses> Calibrator::efficiency() const {
   // Solve (AᵀA + wI) x = Aᵀb + w x0 by Gaussian elimination with partial pivoting; the
   // ridge term keeps it well posed when classes never appear or always appear together.
-  // The ridge weight scales with the data so that the prior matters only where data is thin.
+  // Rows are relative (a class's row entry is its share of the measured time at
+  // efficiency 1), so w is the prior's weight in measurements where one class took all
+  // the time: it fades as measurements of a class accumulate, and stays where data is thin.
   std::array<std::array<double, kOpClasses + 1>, kOpClasses> m{};
-  double scale = 0;
-  for (std::size_t i = 0; i < kOpClasses; ++i) scale = std::max(scale, ata_[i][i]);
   for (std::size_t i = 0; i < kOpClasses; ++i) {
-    const double w = prior_weight_ * std::max(1e-9, scale);
+    const double w = prior_weight_;
     for (std::size_t j = 0; j < kOpClasses; ++j) m[i][j] = ata_[i][j] + (i == j ? w : 0);
     m[i][kOpClasses] = atb_[i] + w / prior_[i];
   }

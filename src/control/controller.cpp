@@ -33,13 +33,23 @@ Controller::Controller(const JobSpec& job, const ClusterSpec& cluster, Controlle
 }
 
 Workload Controller::workload(const Signals& s) const {
-  Workload w = Workload::of(job_, s.response_len_mean, s.response_len_p95);
+  // Memory is sized for the longest p95 of the recent steps, not the last one only: a plan
+  // fitted to a dip in lengths would fail the step they come back (time uses the mean).
+  double p95 = s.response_len_p95;
+  for (double x : recent_p95_) p95 = std::max(p95, x);
+  Workload w = Workload::of(job_, s.response_len_mean, p95);
   w.link_slowdown = s.link_slowdown;
   return w;
 }
 
+void Controller::remember(const Signals& s) {
+  recent_p95_.push_back(s.response_len_p95);
+  while (recent_p95_.size() > static_cast<std::size_t>(std::max(1, options_.memory_window))) recent_p95_.pop_front();
+}
+
 GlobalPlan Controller::initial(const Signals& s) {
   reference_ = s;
+  remember(s);
   started_ = true;
   // static-max knows the worst case and plans for the longest responses the job allows;
   // static (the paper's baseline) plans for the first step as every policy does.
@@ -203,6 +213,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   };
   Decision d;
   d.step = s.step;
+  remember(s);
   const Workload w = workload(s);
   const bool invalid = uses_missing(current, s.gpus);
   const PlanEstimate cur = invalid ? PlanEstimate{} : estimate_plan(model_, job_, current, w, options_.headroom);

@@ -7,9 +7,11 @@
 //   train:    forward + backward (×3 the forward FLOPs, ×4 with recomputation), the same
 //             collectives twice, gradient all-reduce over DP, the optimizer step.
 // Compute divides over tp·pp GPUs; a pipeline of m micro-batches takes (m + pp − 1)/m of
-// the ideal time (the bubble). Collectives cost a latency plus a ring's bytes over the
-// link they cross: inside a node when the group fits in one, else the GPU's share of its
-// node's NICs, slowed by the observed link slowdown.
+// the ideal time (the bubble), and a GPU's TP all-reduces and hops are those of its own
+// stage's layers for m + pp − 1 micro-batch slots (the stages work at once). Collectives
+// cost a latency per ring step plus a ring's bytes over the link they cross: inside a
+// node when the group fits in one, else the GPU's share of its node's NICs, slowed by
+// the observed link slowdown.
 #include "nereus/control/cost_model.hpp"
 
 #include <algorithm>
@@ -29,6 +31,7 @@ std::string_view to_string(OpClass c) {
     case OpClass::p2p_intra: return "p2p_intra";
     case OpClass::p2p_inter: return "p2p_inter";
     case OpClass::launch: return "launch";
+    case OpClass::host: return "host";
   }
   return "?";
 }
@@ -51,15 +54,16 @@ double StageOps::seconds(const std::array<double, kOpClasses>& efficiency) const
 
 std::array<double, kOpClasses> conservative_efficiency() {
   // Below what tuned kernels reach, so that an unmeasured class is not chosen on hope.
-  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25, 0.25};
+  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25, 0.25, 0.25};
 }
 
 namespace {
 
-constexpr double kIntraLatency = 8e-6;   // seconds per collective or hop inside a node
-constexpr double kInterLatency = 20e-6;  // across nodes
+constexpr double kIntraLatency = 1e-6;   // ideal seconds per ring step or hop inside a node (launch class)
+constexpr double kInterLatency = 2e-6;   // across nodes
 constexpr std::uint64_t kOverhead = 2ull << 30;
 constexpr double kLaunch = 1e-6;          // ideal seconds per kernel launch (the launch class learns the rest)
+constexpr double kHostStep = 1e-4;        // ideal host seconds per decode iteration (the host class learns the rest)
 constexpr double kKernelsPerLayer = 12;   // a transformer layer's forward: norms, projections, attention, all-reduces
 constexpr double kMaxRunning = 256;       // sequences a generation engine decodes at once (vLLM's max_num_seqs)
 
@@ -93,11 +97,13 @@ struct Shape {
   double params() const { return L * (layer_linear() + 2 * H) + V * H + (labels > 0 ? labels * H : tied ? 0 : V * H) + H; }
 };
 
-/// A ring all-reduce of `bytes` over n GPUs: latency plus 2(n−1)/n of the bytes.
-double allreduce(double bytes, int n, double bw, double latency) {
+/// A ring all-reduce of `bytes` over n GPUs moves 2(n−1)/n of the bytes over each link,
+/// in 2(n−1) steps that each pay a latency (counted apart: the launch class).
+double allreduce(double bytes, int n, double bw) {
   if (n <= 1) return 0;
-  return latency + 2.0 * (n - 1) / n * bytes / bw;
+  return 2.0 * (n - 1) / n * bytes / bw;
 }
+double ring_steps(int n) { return n <= 1 ? 0 : 2.0 * (n - 1); }
 
 }  // namespace
 
@@ -134,17 +140,21 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
 
   StageOps out;
   auto add = [&](OpClass cls, double s) { out.ideal[static_cast<std::size_t>(cls)] += s; };
+  // Fixed latencies of collectives and hops go to the launch class with the kernel
+  // launches: per-operation overheads learn one efficiency, bandwidth another.
   auto tp_allreduce = [&](double count, double bytes) {
-    if (c.tp > 1)
-      add(tp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter,
-          count * allreduce(bytes, c.tp, tp_inside ? intra : inter, tp_inside ? kIntraLatency : kInterLatency));
+    if (c.tp > 1) {
+      add(tp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter, count * allreduce(bytes, c.tp, tp_inside ? intra : inter));
+      add(OpClass::launch, count * ring_steps(c.tp) * (tp_inside ? kIntraLatency : kInterLatency));
+    }
   };
   // A pipeline of m micro-batches sends between its stages at once, so its hops add up
   // to m + pp − 1 on the critical path; one sequence at a time (decoding) crosses pp − 1.
   auto pp_hops = [&](double micro, double count, double bytes) {
-    if (c.pp > 1)
-      add(pp_inside ? OpClass::p2p_intra : OpClass::p2p_inter,
-          count * (micro + c.pp - 1) * ((pp_inside ? kIntraLatency : kInterLatency) + bytes / (pp_inside ? intra : inter)));
+    if (c.pp > 1) {
+      add(pp_inside ? OpClass::p2p_intra : OpClass::p2p_inter, count * (micro + c.pp - 1) * bytes / (pp_inside ? intra : inter));
+      add(OpClass::launch, count * (micro + c.pp - 1) * (pp_inside ? kIntraLatency : kInterLatency));
+    }
   };
   auto launches = [&](double kernels) { add(OpClass::launch, kernels * kLaunch); };
   const double stage_layers = std::ceil(m.L / c.pp);
@@ -158,32 +168,34 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       const double micro = std::min(B, 4.0 * c.pp);
       add(OpClass::gemm, gemm_flops * B * P / unit / peak * bubble(micro));
       add(OpClass::attention, attention_flops(P) * B / unit / peak * bubble(micro));
-      tp_allreduce(m.L * 2, B * P * H * act);
+      tp_allreduce(stage_layers * 2 * (micro + c.pp - 1), B * P * H * act / micro);
       pp_hops(micro, 1, B * P * H * act / micro);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer);
       // Decoding: per step every GPU of a tensor group reads its weights and KV cache; a
       // token crosses the pipeline stages one after the other.
       // At most kMaxRunning sequences decode at once: the weights are read once per
-      // iteration, and there are B·R / kMaxRunning iterations when the batch is larger.
+      // iteration, and there are B·R / kMaxRunning iterations when the batch is larger,
+      // but never fewer than the long responses take (the step waits for them: p95).
       // The running batch is split into pp micro-batches in flight, so a GPU reads its
       // stage's weights pp times per iteration (the whole model over the pipeline) but
       // only its own layers' KV cache, while the other stages read theirs.
       const double weights = m.params() * 2.0 / c.tp;
       const double kv_per_token = 2.0 * m.L * m.kv_heads(c.tp) * m.hd * 2.0;
-      const double iterations = std::max(R, B * R / kMaxRunning);
+      const double iterations = std::max(w.response_len_p95, B * R / kMaxRunning);
       const double bytes = iterations * weights + B * kv_per_token * (P * R + R * R / 2) / c.pp;
       const double flops = gemm_flops * B * R / unit + attention_flops(T) * B / unit;
       add(OpClass::decode, std::max(bytes / hbm, flops / peak));
       tp_allreduce(iterations * m.L * 2, std::min(B, kMaxRunning) * H * act);
       pp_hops(0, iterations, std::min(B, kMaxRunning) * H * act);
       launches(iterations * m.L * kKernelsPerLayer);
+      add(OpClass::host, iterations * kHostStep);
       break;
     }
     case StageKind::infer: {
       const double micro = B;  // one sequence per micro-batch
       add(OpClass::gemm, gemm_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::attention, attention_flops(T) * B / unit / peak * bubble(micro));
-      tp_allreduce(m.L * 2 * B, T * H * act);
+      tp_allreduce(stage_layers * 2 * (micro + c.pp - 1), T * H * act);
       pp_hops(micro, 1, T * H * act);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer);
       break;
@@ -193,13 +205,14 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       const double micro = B;
       add(OpClass::gemm, passes * gemm_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::attention, passes * attention_flops(T) * B / unit / peak * bubble(micro));
-      tp_allreduce((c.recompute ? 3 : 2) * m.L * 2 * B, T * H * act);
+      tp_allreduce((c.recompute ? 3 : 2) * stage_layers * 2 * (micro + c.pp - 1), T * H * act);
       pp_hops(micro, 2, T * H * act);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer * passes);
       const double grads = m.params() / unit * 2.0;
-      if (c.dp > 1)
-        add(dp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter,
-            allreduce(grads, c.dp, dp_inside ? intra : inter, dp_inside ? kIntraLatency : kInterLatency));
+      if (c.dp > 1) {
+        add(dp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter, allreduce(grads, c.dp, dp_inside ? intra : inter));
+        add(OpClass::launch, ring_steps(c.dp) * (dp_inside ? kIntraLatency : kInterLatency));
+      }
       // Adam: read and write params, grads, master weights and both moments.
       add(OpClass::decode, m.params() / unit * 2 * 16 / hbm);
       break;
@@ -221,8 +234,9 @@ StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const
   double transient = 0;
   switch (stage.kind) {
     case StageKind::generate:
-      // KV cache of every sequence of the replica at full length, plus the step's logits.
-      transient = B * T * 2.0 * layers * m.kv_heads(c.tp) * m.hd * 2.0 + B * m.V / c.tp * 4.0;
+      // KV cache of the sequences decoding at once (at most kMaxRunning) at full length,
+      // plus their logits.
+      transient = std::min(B, kMaxRunning) * (T * 2.0 * layers * m.kv_heads(c.tp) * m.hd * 2.0 + m.V / c.tp * 4.0);
       break;
     case StageKind::infer:
       transient = T * m.H * 2.0 * 12.0 + logits;

@@ -159,6 +159,71 @@ std::map<std::string, double> overlap_release(const TransitionGraph& g, const Jo
   return ready;
 }
 
+/// One stage alone on its GPUs (profiling, held-out checks): its measured seconds, or 0
+/// when it does not fit.
+double single_run(GroundTruth& truth, const ModelStage& st, const Candidate& c, const TruthLoad& load) {
+  const TruthLayout l{c.tp, c.pp, c.dp, c.recompute};
+  const TruthStage m = truth.memory(st.model->config(), st.kind, l, load);
+  const std::uint64_t used = truth.context_bytes() + m.resident + m.working;
+  if (used > truth.capacity_bytes()) return 0;
+  const double t = truth.run_seconds(st.model->config(), st.kind, l, load, truth.capacity_bytes() - used);
+  return std::isfinite(t) ? t : 0;
+}
+
+/// Profiling before the job starts: single stage runs on otherwise empty GPUs at 1, 2 and
+/// 4 times the first step's response length. Each run is chosen where the op class known
+/// least so far takes the largest share of the predicted time, so that every class the
+/// planner may use is pinned down, not only those of the first plan.
+void profile(GroundTruth& truth, Controller& ctl, const JobSpec& job, const ClusterSpec& cluster, const TraceStep& first, int runs) {
+  struct Option {
+    ModelStage stage;
+    Candidate c;
+    TraceStep at;
+    StageOps work;
+    bool tried = false;
+  };
+  std::vector<Option> pool;
+  for (const ModelStage& st : model_stages(job))
+    for (const Candidate& c : stage_candidates(st, first.gpus, cluster, job.prompts_per_step * job.samples_per_prompt))
+      for (double scale : {1.0, 2.0, 4.0}) {
+        Option o{st, c, first, {}, false};
+        o.at.response_len_mean *= scale;
+        o.at.response_len_p95 *= scale;
+        if (job.max_response_len > 0 && o.at.response_len_p95 > double(job.max_response_len)) continue;
+        o.work = ctl.model().work(st, c, ctl.workload({0, first.gpus, o.at.response_len_mean, o.at.response_len_p95, 1}));
+        pool.push_back(std::move(o));
+      }
+  // A class's share of an option's time under the current efficiencies.
+  auto share = [&](const Option& o, std::size_t k) {
+    const auto& eff = ctl.model().efficiency();
+    const double total = o.work.seconds(eff);
+    return total > 0 && o.work.ideal[k] > 0 ? o.work.ideal[k] / std::max(1e-3, eff[k]) / total : 0.0;
+  };
+  // Information on a class: Σ share² of the runs so far, counted in runs where the class
+  // weighs as much as it can (a class that is never more than 4% of a stage is learnt
+  // from runs where it is 4%).
+  std::array<double, kOpClasses> info{};
+  for (int n = 0; n < runs;) {
+    std::array<double, kOpClasses> reach{};
+    std::array<Option*, kOpClasses> best{};
+    for (Option& o : pool)
+      if (!o.tried)
+        for (std::size_t k = 0; k < kOpClasses; ++k)
+          if (const double x = share(o, k); x > 0.01 && x * x > reach[k]) reach[k] = x * x, best[k] = &o;
+    std::size_t cls = kOpClasses;
+    for (std::size_t k = 0; k < kOpClasses; ++k)
+      if (best[k] && (cls == kOpClasses || info[k] / reach[k] < info[cls] / reach[cls])) cls = k;
+    if (cls == kOpClasses) break;
+    Option& o = *best[cls];
+    o.tried = true;
+    const double t = single_run(truth, o.stage, o.c, load_of(job, o.at));
+    if (!(t > 0)) continue;  // does not fit: the next best
+    for (std::size_t k = 0; k < kOpClasses; ++k) info[k] += share(o, k) * share(o, k);
+    ctl.measure(o.stage, o.c, ctl.workload({0, first.gpus, o.at.response_len_mean, o.at.response_len_p95, o.at.link_slowdown}), t);
+    ++n;
+  }
+}
+
 }  // namespace
 
 SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const std::vector<TraceStep>& trace,
@@ -181,6 +246,7 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
     return Signals{trace[k].step, trace[k].gpus, trace[seen].response_len_mean, trace[seen].response_len_p95,
                    trace[seen].link_slowdown};
   };
+  profile(truth, ctl, job, cluster, trace[0], options.profile_runs);
   GlobalPlan plan = ctl.initial(signals(0, 0));
   bool force_recompute = false;  // the framework's own fallback after a failure
   SimulationResult r;
@@ -206,8 +272,9 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
       }
       if (d.admitted) {
         const TransitionGraph g = mover.transition(plan, d.target, seen);
-        if (d.urgent) {
-          // The current plan cannot run this step: the transition runs first, in the open.
+        if (d.urgent || !options.overlap) {
+          // The current plan cannot run this step (or transitions run at boundaries): the
+          // transition runs first, in the open.
           rec.transition_seconds = rec.exposed_seconds = before = g.summary.l_tran_seconds;
         } else {
           double span = 0;
@@ -295,13 +362,8 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
     const auto cands = stage_candidates(st, ts.gpus, cluster, job.prompts_per_step * job.samples_per_prompt);
     if (cands.empty()) continue;
     const Candidate c = cands[rng() % cands.size()];
-    const TruthLoad load = load_of(job, ts);
-    const TruthLayout l{c.tp, c.pp, c.dp, c.recompute};
-    const TruthStage m = truth.memory(st.model->config(), st.kind, l, load);
-    const std::uint64_t used = truth.context_bytes() + m.resident + m.working;
-    if (used > truth.capacity_bytes()) continue;
-    const double t = truth.run_seconds(st.model->config(), st.kind, l, load, truth.capacity_bytes() - used);
-    if (!std::isfinite(t)) continue;
+    const double t = single_run(truth, st, c, load_of(job, ts));
+    if (!(t > 0)) continue;
     Workload w = Workload::of(job, ts.response_len_mean, ts.response_len_p95);
     w.link_slowdown = ts.link_slowdown;
     held.push_back({ctl.model().work(st, c, w), t});

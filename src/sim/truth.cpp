@@ -110,10 +110,13 @@ double GroundTruth::checkpoint_bytes_per_second() const {
 double GroundTruth::gemm(double M, double N, double K) const {
   if (M <= 0 || N <= 0 || K <= 0) return 0;
   const double peak = cluster_.gpu_bf16_tflops * 1e12;
-  // Tile quantization: whole 128×128 output tiles, in waves over the SMs.
-  const double tiles = ceil_div(M, 128) * ceil_div(N, 128);
+  // Tile quantization: whole output tiles, in waves over the SMs. Tiles are 128 wide and
+  // as tall as the smallest power of two from 16 to 128 that covers M: cuBLAS and CUTLASS
+  // pick skinny tiles for the few rows of a decode batch.
+  const double tile_m = std::clamp(std::exp2(std::ceil(std::log2(std::max(1.0, M)))), 16.0, 128.0);
+  const double tiles = ceil_div(M, tile_m) * ceil_div(N, 128);
   const double waves = ceil_div(tiles, sms_);
-  const double compute = waves * 2.0 * 128 * 128 * K / (peak / sms_ * kGemmEfficiency);
+  const double compute = waves * 2.0 * tile_m * 128 * K / (peak / sms_ * kGemmEfficiency);
   const double memory = 2.0 * (M * K + K * N + M * N) / (cluster_.hbm_gbps * 1e9 * kHbmEfficiency);
   return std::max(compute, memory);
 }

@@ -3,7 +3,8 @@
 // stage times. A measurement is a stage's time and the cost model's ideal seconds per op
 // class for that stage; the fit minimises relative error over all measurements so far,
 // pulled gently toward the conservative prior so that a class seen rarely (or never)
-// stays where it started.
+// stays where it started. The prior weighs as much as `prior_weight` measurements in
+// which its class took all the time.
 #include <array>
 #include <cstddef>
 #include <vector>

@@ -13,6 +13,7 @@
 // admitted (more than δ/3 slower than S*), the next step replans once more ("retry") from
 // the plan it reached, over the same horizon.
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,6 +44,7 @@ struct ControllerOptions {
   double ema = 0.5;         ///< weight of the newest interval in H_x
   double headroom = 0.1;
   int alternatives = 6;     ///< slower candidates tried when S* is out of reach
+  int memory_window = 8;    ///< steps whose largest p95 response length sizes memory
   PlannerOptions planner;
 };
 
@@ -110,12 +112,15 @@ class Controller {
 
   const CostModel& model() const { return model_; }
   const Calibrator& calibrator() const { return calibrator_; }
+  /// What the controller plans for: `s`'s mean length, memory for the largest p95 of the
+  /// last memory_window steps seen by decide() (or `s`'s, when larger).
   Workload workload(const Signals& s) const;
   /// The transition graph S → S* the controller would run (memory from the cost model).
   TransitionGraph transition(const GlobalPlan& from, const GlobalPlan& to, const Signals& s) const;
 
  private:
   double horizon(const std::vector<std::string>& signals, long step);
+  void remember(const Signals& s);
 
   const JobSpec& job_;
   ClusterSpec cluster_;
@@ -123,6 +128,7 @@ class Controller {
   CostModel model_;
   Calibrator calibrator_;
   Signals reference_;
+  std::deque<double> recent_p95_;  ///< p95 response lengths of the last memory_window steps
   double reference_seconds_ = 0;  ///< the current plan's predicted latency at the last replan
   double retry_horizon_ = 0;      ///< > 0: the last admitted plan fell short of S*; retry once with this H_x
   std::map<std::string, double> horizon_;    // H_x per signal

@@ -33,8 +33,9 @@ enum class OpClass : std::uint8_t {
   p2p_intra,        ///< pipeline sends inside a node
   p2p_inter,        ///< pipeline sends across nodes
   launch,           ///< kernel launches: a microsecond each at efficiency 1
+  host,             ///< a generation engine's host work per decode iteration (scheduling, sampling): 0.1 ms at efficiency 1
 };
-inline constexpr std::size_t kOpClasses = 8;
+inline constexpr std::size_t kOpClasses = 9;
 std::string_view to_string(OpClass c);
 
 /// Seconds a candidate would take at the peak rate of each class (FLOPs at bf16 peak,

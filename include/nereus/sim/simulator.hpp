@@ -20,6 +20,13 @@ struct SimulationOptions {
   ControllerOptions controller;
   std::uint64_t seed = 1;
   double noise = 0.03;  ///< of measured stage times (lognormal σ)
+  /// Stage runs profiled before the first step, as a job profiles before it starts: each
+  /// where the op class measured least so far weighs most, at 1, 2 or 4 times the first
+  /// step's response length. They calibrate the cost model and are not counted in the run.
+  int profile_runs = 24;
+  /// Transitions run beside the steps as the job runtime runs them (true), or all at step
+  /// boundaries with nothing hidden, as the paper measured them (false).
+  bool overlap = true;
 };
 
 /// One step of the run.

@@ -3,8 +3,9 @@
 // really takes on a virtual GPU cluster. Written apart from the cost model on purpose —
 // this header and its source include nothing from control/ or plan/ (a test checks), and
 // they account per layer and per kernel where the cost model counts per op class:
-//   - GEMMs by tile and wave quantization of their per-GPU shapes (M×N×K in 128×128
-//     tiles over the GPU's SMs), bounded below by reading their weights from HBM;
+//   - GEMMs by tile and wave quantization of their per-GPU shapes (M×N×K in tiles 128
+//     wide and 16–128 tall over the GPU's SMs), bounded below by reading their operands
+//     from HBM;
 //   - FlashAttention at its own efficiency, causal, backward 2.5× forward;
 //   - a launch overhead per kernel (eager training and prefill; decode in CUDA graphs);
 //   - generation as vLLM runs it: a paged KV cache in whatever memory the GPU has free,
