@@ -4,7 +4,8 @@ set -euo pipefail
 pkgs=(meson ninja-build g++ pkg-config libboost1.81-dev libucx-dev ucx-utils
       libcapnp-dev capnproto libssl-dev doctest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
       openmpi-bin clang libclang-rt-dev
-      python3-dev pybind11-dev libdlpack-dev python3-torch)
+      python3-dev pybind11-dev libdlpack-dev python3-torch
+      librsvg2-bin)  # rsvg-convert: the tests rasterise the plots
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -53,6 +53,7 @@
 #include "nereus/runtime/participant.hpp"
 #include "nereus/runtime/peer_info.hpp"
 #include "nereus/runtime/unit_store.hpp"
+#include "nereus/sim/report.hpp"
 #include "nereus/sim/truth.hpp"
 #include "nereus/sim/simulator.hpp"
 #include "nereus/sim/trace.hpp"

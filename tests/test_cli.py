@@ -2,11 +2,14 @@
 """End-to-end checks of the `nereus` command line: JSON fields, worked examples, and one
 clear error (non-zero exit, no crash) for each kind of bad input."""
 import json
+import re
+import shutil
 import os
 import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import check, finish  # noqa: E402
@@ -169,6 +172,64 @@ check(sh.get("verified") is True and "exposed_ratio" in sh and sh.get("cap_viola
 rc, _, err = run("bench", "coordination", "--type", "xx")
 check(rc != 0 and "--type" in err, "an unknown coordination type is refused")
 
+def png_pixels(path):
+    """The raw scanlines of a PNG (filter bytes included): enough to tell a blank picture."""
+    data = open(path, "rb").read()
+    pos, idat = 8, b""
+    while pos < len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind = data[pos + 4:pos + 8]
+        if kind == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return zlib.decompress(idat)
+
+
+def check_plot(svg, labels):
+    """An SVG plot: its title lines fit, its labels are there, and rasterised it is not blank."""
+    text = open(svg).read()
+    titles = re.findall(r'font-size="15">([^<]*)<', text)
+    check(titles and all(len(t) <= 110 for t in titles), f"the plot's title fits its width ({titles})")
+    for label in labels:
+        check(label in text, f"the plot's legend names {label}")
+    if shutil.which("rsvg-convert") is None:
+        print("cli: rsvg-convert not installed (librsvg2-bin): the plot is not rasterised")
+        return
+    png = svg + ".png"
+    r = subprocess.run(["rsvg-convert", "-o", png, svg], capture_output=True, text=True)
+    check(r.returncode == 0, f"rsvg-convert renders the plot ({r.stderr.strip()})")
+    if r.returncode == 0:
+        pixels = png_pixels(png)
+        ink = sum(1 for b in pixels[::7] if b < 200)
+        check(ink > len(pixels[::7]) // 200, f"the rendered plot is not blank ({ink} dark samples of {len(pixels[::7])})")
+
+
+def check_perfetto(path, processes):
+    """A Perfetto (Chrome trace event) file: valid JSON, complete events with durations >= 0
+    that nest per track, a named process per policy."""
+    j = json.load(open(path))
+    events = j.get("traceEvents", [])
+    names = [e for e in events if e.get("ph") == "M" and e.get("name") == "process_name"]
+    check(len(names) == processes, f"perfetto: a process per policy ({len(names)})")
+    tracks = {}
+    for e in events:
+        if e.get("ph") == "X":
+            check(e.get("dur", -1) >= 0 and e.get("ts", -1) >= 0, f"perfetto: complete event with ts, dur >= 0: {e}")
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    check(len(tracks) >= processes, "perfetto: tracks with events")
+    for key, spans in tracks.items():
+        spans.sort()
+        stack = []
+        for begin, end in spans:
+            while stack and stack[-1] <= begin + 1e-3:
+                stack.pop()
+            ok = not stack or end <= stack[-1] + 1e-3
+            if not ok:
+                check(False, f"perfetto: events overlap without nesting on track {key}")
+                break
+            stack.append(end)
+
+
 # Controller front ends: search and simulate (short runs; the figures are in docs/controller.md).
 rc, out, err = run("search", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--gpus", "32",
                    "--response-len", "2000", "--json")
@@ -196,6 +257,18 @@ with tempfile.TemporaryDirectory() as d:
         check(j.get("steps") == 40 and j.get("transitions", 0) >= 1, f"simulate {policy}: 40 steps, the pool change handled")
     check(len(open(tl).read().splitlines()) == 40, "one timeline line per step")
     check(open(svg).read().startswith("<svg"), "the plot is an SVG")
+    # Several policies on one chart, one JSON line each, a Perfetto timeline of them all.
+    pf = os.path.join(d, "sim.json")
+    rc, out, err = run("simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--trace", trace,
+                       "--policy", "nereus,static,greedy", "--json", "--timeline", tl, "--plot", svg, "--perfetto", pf)
+    lines = [json.loads(x) for x in out.splitlines()] if rc == 0 else []
+    check([x.get("policy") for x in lines] == ["nereus", "static", "greedy"], f"one JSON line per policy ({err.strip()})")
+    check(sorted({json.loads(x)["policy"] for x in open(tl)}) == ["greedy", "nereus", "static"] and
+          len(open(tl).read().splitlines()) == 120, "the timeline names each line's policy")
+    check_plot(svg, ["nereus:", "static:", "greedy:"])
+    check_perfetto(pf, 3)
+    expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace, "--policy", "nereus,sometimes"],
+                 "policy 'sometimes'")
     with open(trace, "w") as f:
         f.write('{"step": 0, "gpus": 8, "response_len_mean": 100}\n{"step": 1, "gpus": "many", "response_len_mean": 100}\n')
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace], "line 2: field 'gpus'")

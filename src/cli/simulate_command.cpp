@@ -9,14 +9,14 @@
 #include "commands.hpp"
 #include "nereus/core/cluster.hpp"
 #include "nereus/base/error.hpp"
-#include "nereus/sim/simulator.hpp"
+#include "nereus/sim/report.hpp"
 
 namespace nereus::cli {
 
 namespace {
 
 struct SimulateArgs {
-  std::string cluster, job, trace, policy = "nereus", timeline, plot;
+  std::string cluster, job, trace, policy = "nereus", timeline, plot, perfetto;
   double gamma = 0.5, delta = 0.3;
   std::uint64_t seed = 1;
   long steps = 0;
@@ -31,23 +31,7 @@ void write_file(const std::string& path, const std::string& text, const char* fl
   if (!out) throw Error(std::string(flag) + ": cannot write '" + path + "'");
 }
 
-void run_simulate(const SimulateArgs& a) {
-  SimulationOptions o;
-  o.controller.policy = parse_policy(a.policy, o.controller.every);
-  const ClusterSpec cluster = load_cluster(a.cluster);
-  const JobSpec job = load_job(a.job);
-  std::vector<TraceStep> trace = load_trace(a.trace);
-  if (a.steps > 0 && static_cast<std::size_t>(a.steps) < trace.size()) trace.resize(static_cast<std::size_t>(a.steps));
-  o.controller.gamma = a.gamma;
-  o.controller.delta = a.delta;
-  o.seed = a.seed;
-  o.profile_runs = a.profile_runs;
-  o.overlap = a.transitions == "overlap";
-  const SimulationResult r = simulate(cluster, job, trace, o);
-  if (!a.timeline.empty()) write_file(a.timeline, timeline_jsonl(r), "--timeline");
-  if (!a.plot.empty())
-    write_file(a.plot, plot_svg(r, fmt::format("{} · {} · {} · policy {}", job.models[0].second->name(), cluster.name, a.trace, a.policy)),
-               "--plot");
+void print_run(const SimulateArgs& a, const std::string& policy, const SimulationResult& r) {
   if (a.json) {
     auto eff = nlohmann::json::object();
     for (std::size_t c = 0; c < kOpClasses; ++c) eff[std::string(to_string(static_cast<OpClass>(c)))] = r.efficiency[c];
@@ -64,7 +48,7 @@ void run_simulate(const SimulateArgs& a) {
                            {"moved_bytes", d.moved_bytes},
                            {"decision_ms", d.decision_ms},
                            {"why", d.why}});
-    nlohmann::json j = {{"policy", a.policy},
+    nlohmann::json j = {{"policy", policy},
                         {"steps", r.steps},
                         {"mean_step_seconds", r.mean_step_seconds},
                         {"mean_compute_seconds", r.mean_compute_seconds},
@@ -86,7 +70,7 @@ void run_simulate(const SimulateArgs& a) {
                         {"decisions", decisions}};
     std::cout << j.dump() << "\n";
   } else {
-    std::cout << fmt::format("{} steps, policy {}: mean {:.3f} s/step ({:.3f} s computing), total {:.1f} s\n", r.steps, a.policy,
+    std::cout << fmt::format("{} steps, policy {}: mean {:.3f} s/step ({:.3f} s computing), total {:.1f} s\n", r.steps, policy,
                              r.mean_step_seconds, r.mean_compute_seconds, r.total_seconds);
     std::cout << fmt::format("{} transitions, {:.2f} s, {:.2f} s exposed ({:.3f}% of the run); {} replans\n", r.transitions,
                              r.transition_seconds, r.exposed_transition_seconds,
@@ -101,6 +85,61 @@ void run_simulate(const SimulateArgs& a) {
   }
 }
 
+/// "nereus,static,every:3" → the policies, each checked.
+std::vector<std::string> policies_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t end = std::min(text.find(',', pos), text.size());
+    out.push_back(text.substr(pos, end - pos));
+    int every = 0;
+    parse_policy(out.back(), every);  // throws naming a bad one
+    pos = end + 1;
+  }
+  return out;
+}
+
+void run_simulate(const SimulateArgs& a) {
+  const std::vector<std::string> policies = policies_of(a.policy);
+  const ClusterSpec cluster = load_cluster(a.cluster);
+  const JobSpec job = load_job(a.job);
+  std::vector<TraceStep> trace = load_trace(a.trace);
+  if (a.steps > 0 && static_cast<std::size_t>(a.steps) < trace.size()) trace.resize(static_cast<std::size_t>(a.steps));
+  std::vector<PolicyRun> runs;
+  for (const std::string& policy : policies) {
+    SimulationOptions o;
+    o.controller.policy = parse_policy(policy, o.controller.every);
+    o.controller.gamma = a.gamma;
+    o.controller.delta = a.delta;
+    o.seed = a.seed;
+    o.profile_runs = a.profile_runs;
+    o.overlap = a.transitions == "overlap";
+    runs.push_back({policy, simulate(cluster, job, trace, o)});
+  }
+  if (!a.timeline.empty()) {
+    std::string text;
+    for (const PolicyRun& run : runs) {
+      const std::string lines = timeline_jsonl(run.result);
+      if (runs.size() == 1) {
+        text = lines;
+        break;
+      }
+      // Several policies: each line names its own.
+      for (std::size_t pos = 0; pos < lines.size();) {
+        const std::size_t end = lines.find('\n', pos);
+        text += "{\"policy\":" + nlohmann::json(run.policy).dump() + "," + lines.substr(pos + 1, end - pos);
+        pos = end + 1;
+      }
+    }
+    write_file(a.timeline, text, "--timeline");
+  }
+  if (!a.plot.empty())
+    write_file(a.plot, plot_svg(runs, fmt::format("{} · {} · {} · {}", job.models[0].second->name(), cluster.name, a.trace, a.policy)),
+               "--plot");
+  if (!a.perfetto.empty()) write_file(a.perfetto, perfetto_json(runs), "--perfetto");
+  for (const PolicyRun& run : runs) print_run(a, run.policy, run.result);
+}
+
 }  // namespace
 
 void add_simulate_command(CLI::App& app) {
@@ -109,7 +148,8 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--cluster", a->cluster, "cluster JSON or preset")->required();
   cmd->add_option("--job", a->job, "job JSON or preset")->required();
   cmd->add_option("--trace", a->trace, "trace (JSON Lines)")->required();
-  cmd->add_option("--policy", a->policy, "nereus | static | static-max | every:K | greedy (default nereus)");
+  cmd->add_option("--policy", a->policy,
+                  "nereus | static | static-max | every:K | greedy, or several separated by commas (default nereus)");
   cmd->add_option("--gamma", a->gamma, "payback factor γ (default 0.5)")->check(CLI::PositiveNumber);
   cmd->add_option("--delta", a->delta, "relative drift that triggers a replan (default 0.3)")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "noise of the hardware model (default 1)");
@@ -120,7 +160,8 @@ void add_simulate_command(CLI::App& app) {
                   "overlap: beside the steps, as the job runtime runs them (default); boundary: between steps, all exposed")
       ->check(CLI::IsMember({"overlap", "boundary"}));
   cmd->add_option("--timeline", a->timeline, "write one JSON object per step to FILE");
-  cmd->add_option("--plot", a->plot, "write an SVG plot of step latency, transitions and GPU pool to FILE");
+  cmd->add_option("--plot", a->plot, "write an SVG plot of step latency per policy, transitions, failures and GPU pool to FILE");
+  cmd->add_option("--perfetto", a->perfetto, "write a Perfetto timeline (steps, transitions, failures, decisions) to FILE");
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->callback([a] { run_simulate(*a); });
 }

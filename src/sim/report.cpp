@@ -1,11 +1,48 @@
-// The simulator's outputs: a JSON object per step and an SVG plot.
+// The simulator's outputs: a JSON object per step, an SVG plot comparing policies, and a
+// Perfetto timeline.
+#include "nereus/sim/report.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "nereus/sim/simulator.hpp"
-
 namespace nereus {
+
+namespace {
+
+const char* const kColours[] = {"#236", "#d33", "#2a7", "#e80", "#85c", "#0aa", "#777"};
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) o += c == '<' ? std::string("&lt;") : c == '>' ? std::string("&gt;") : c == '&' ? std::string("&amp;") : std::string(1, c);
+  return o;
+}
+
+/// Characters of the UTF-8 text (not bytes), for fitting it to a width.
+std::size_t glyphs(const std::string& s) {
+  return static_cast<std::size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+/// The first `n` glyphs of `s`, with an ellipsis when it was longer.
+std::string clip(const std::string& s, std::size_t n) {
+  if (glyphs(s) <= n) return s;
+  std::size_t count = 0, i = 0;
+  for (; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && count++ == n - 1) break;
+  return s.substr(0, i) + "…";
+}
+
+/// The title on at most two lines of `width` glyphs: split at the last " · " that fits.
+std::vector<std::string> fit_title(const std::string& title, std::size_t width) {
+  if (glyphs(title) <= width) return {title};
+  std::size_t cut = std::string::npos;
+  for (std::size_t at = title.find(" · "); at != std::string::npos; at = title.find(" · ", at + 1))
+    if (glyphs(title.substr(0, at)) <= width) cut = at;
+  if (cut == std::string::npos) return {clip(title, width)};
+  return {title.substr(0, cut), clip(title.substr(cut + std::string(" · ").size()), width)};
+}
+
+}  // namespace
 
 std::string timeline_jsonl(const SimulationResult& r) {
   std::string out;
@@ -33,69 +70,154 @@ std::string timeline_jsonl(const SimulationResult& r) {
   return out;
 }
 
-std::string plot_svg(const SimulationResult& r, const std::string& title) {
-  const double W = 960, H = 420, left = 70, right = 70, top = 40, bottom = 50;
-  const double pw = W - left - right, ph = H - top - bottom;
-  double ymax = 0;
+std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& title) {
+  const double W = 960, left = 70, right = 30;
+  const double pw = W - left - right;
+  const std::vector<std::string> heading = fit_title(title, static_cast<std::size_t>(pw / 8.3));
+  // Title lines, then a legend row per three policies, then the two panels.
+  const double legend_top = 22.0 + 20.0 * static_cast<double>(heading.size());
+  const double legend_rows = static_cast<double>((runs.size() + 1) / 2);
+  const double top = legend_top + 18 * legend_rows + 8, ph = 280;
+  const double pool_top = top + ph + 34, pool_h = 90;
+  const double H = pool_top + pool_h + 40;
+  std::size_t steps = 0;
+  std::vector<double> all;
   int gmax = 1;
-  for (const StepRecord& s : r.records) ymax = std::max(ymax, s.seconds), gmax = std::max(gmax, s.gpus);
-  ymax = ymax > 0 ? ymax * 1.1 : 1;
-  const double n = std::max<double>(1, static_cast<double>(r.records.size()) - 1);
+  for (const PolicyRun& run : runs) {
+    steps = std::max(steps, run.result.records.size());
+    for (const StepRecord& s : run.result.records) all.push_back(s.seconds), gmax = std::max(gmax, s.gpus);
+  }
+  // The scale ignores the rare spikes of failed steps: points above it sit on the top edge.
+  std::sort(all.begin(), all.end());
+  const double p98 = all.empty() ? 1 : all[std::min(all.size() - 1, all.size() * 98 / 100)];
+  const double ymax = std::max(1e-9, std::min(all.empty() ? 1 : all.back(), 2 * p98) * 1.1);
+  const double n = std::max<double>(1, static_cast<double>(steps) - 1);
   auto x = [&](std::size_t i) { return left + pw * static_cast<double>(i) / n; };
-  auto y = [&](double v) { return top + ph * (1 - v / ymax); };
-  auto yg = [&](double g) { return top + ph * (1 - g / (gmax * 1.1)); };
-  auto esc = [](std::string s) {
-    std::string o;
-    for (char c : s) o += c == '<' ? std::string("&lt;") : c == '>' ? std::string("&gt;") : c == '&' ? std::string("&amp;") : std::string(1, c);
-    return o;
-  };
-  char buf[256];
-  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"960\" height=\"420\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  svg += "<rect width=\"960\" height=\"420\" fill=\"white\"/>\n";
-  std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"22\" font-size=\"15\">%s</text>\n", left, esc(title).c_str());
+  auto y = [&](double v) { return top + ph * (1 - std::min(v, ymax) / ymax); };
+  auto yg = [&](double g) { return pool_top + pool_h * (1 - g / (gmax * 1.1)); };
+  char buf[512];
+  std::string svg;
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" font-family=\"sans-serif\" font-size=\"12\">\n"
+                "<rect width=\"%g\" height=\"%g\" fill=\"white\"/>\n",
+                W, H, W, H);
   svg += buf;
-  std::snprintf(buf, sizeof buf, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#888\"/>\n", left, top, pw, ph);
-  svg += buf;
-  for (int k = 0; k <= 4; ++k) {
-    const double v = ymax * k / 4;
-    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%.1f</text>\n", left - 6, y(v) + 4, v);
-    svg += buf;
-    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" fill=\"#2a7\">%d</text>\n", left + pw + 6, yg(gmax * 1.1 * k / 4) + 4,
-                  static_cast<int>(gmax * 1.1 * k / 4));
+  for (std::size_t i = 0; i < heading.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" font-size=\"15\">%s</text>\n", left, 22.0 + 20.0 * static_cast<double>(i),
+                  esc(heading[i]).c_str());
     svg += buf;
   }
-  // Transitions: vertical lines.
-  for (std::size_t i = 0; i < r.records.size(); ++i)
-    if (r.records[i].transition_seconds > 0) {
-      std::snprintf(buf, sizeof buf, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#d33\" stroke-dasharray=\"3,3\"/>\n", x(i), top,
-                    x(i), top + ph);
-      svg += buf;
-    }
-  auto polyline = [&](auto&& value, const char* colour) {
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const SimulationResult& r = runs[k].result;
+    const double lx = left + pw / 2 * static_cast<double>(k % 2), ly = legend_top + 18 * static_cast<double>(k / 2);
+    char label[256];
+    std::snprintf(label, sizeof label, "%s: %.1f s/step, %d transitions, %d failed", runs[k].policy.c_str(), r.mean_step_seconds,
+                  r.transitions, r.failed_steps);
+    std::snprintf(buf, sizeof buf,
+                  "<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"4\" fill=\"%s\"/><text x=\"%g\" y=\"%g\">%s</text>\n", lx, ly - 4,
+                  kColours[k % 7], lx + 20, ly, esc(clip(label, static_cast<std::size_t>(pw / 2 / 6.6) - 4)).c_str());
+    svg += buf;
+  }
+  for (const auto& [t, h] : {std::pair{top, ph}, std::pair{pool_top, pool_h}}) {
+    std::snprintf(buf, sizeof buf, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#888\"/>\n", left, t, pw, h);
+    svg += buf;
+  }
+  for (int k = 0; k <= 4; ++k) {
+    const double v = ymax * k / 4;
+    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%.3g</text>\n", left - 6, y(v) + 4, v);
+    svg += buf;
+  }
+  for (int k = 0; k <= 4 && steps > 0; ++k) {  // step numbers under the pool panel
+    const std::size_t i = static_cast<std::size_t>(n * k / 4);
+    const auto& rec = runs.front().result.records;
+    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%ld</text>\n", x(i), pool_top + pool_h + 16,
+                  i < rec.size() ? rec[i].step : static_cast<long>(i));
+    svg += buf;
+  }
+  for (int k = 0; k <= 2; ++k) {
+    const double g = gmax * 1.1 * k / 2;
+    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%d</text>\n", left - 6, yg(g) + 4, static_cast<int>(g));
+    svg += buf;
+  }
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const auto& rec = runs[k].result.records;
+    const char* colour = kColours[k % 7];
     std::string pts;
-    for (std::size_t i = 0; i < r.records.size(); ++i) {
-      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", x(i), value(r.records[i]));
+    for (std::size_t i = 0; i < rec.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", x(i), y(rec[i].seconds));
       pts += buf;
     }
-    return "<polyline fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"1.2\" points=\"" + pts + "\"/>\n";
-  };
-  svg += polyline([&](const StepRecord& s) { return yg(s.gpus); }, "#2a7");
-  svg += polyline([&](const StepRecord& s) { return y(s.seconds); }, "#236");
-  for (std::size_t i = 0; i < r.records.size(); ++i)
-    if (r.records[i].failed) {
-      std::snprintf(buf, sizeof buf, "<circle cx=\"%g\" cy=\"%g\" r=\"2.5\" fill=\"#f80\"/>\n", x(i), y(r.records[i].seconds));
-      svg += buf;
+    svg += "<polyline fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"1.2\" points=\"" + pts + "\"/>\n";
+    for (std::size_t i = 0; i < rec.size(); ++i) {
+      if (rec[i].transition_seconds > 0) {  // a tick per transition, one row per policy
+        const double base = top + ph - 2 - 7 * static_cast<double>(k);
+        std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n", x(i), base, x(i), base - 6,
+                      colour);
+        svg += buf;
+      }
+      if (rec[i].failed) {
+        std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", x(i), y(rec[i].seconds), colour);
+        svg += buf;
+      }
     }
+  }
+  if (!runs.empty()) {
+    std::string pts;
+    const auto& rec = runs.front().result.records;
+    for (std::size_t i = 0; i < rec.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", x(i), yg(rec[i].gpus));
+      pts += buf;
+    }
+    svg += "<polyline fill=\"none\" stroke=\"#2a7\" stroke-width=\"1.2\" points=\"" + pts + "\"/>\n";
+  }
   std::snprintf(buf, sizeof buf,
-                "<text x=\"%g\" y=\"%g\">step</text><text x=\"12\" y=\"%g\" fill=\"#236\">s/step</text>"
-                "<text x=\"%g\" y=\"%g\" fill=\"#2a7\">GPUs</text>\n",
-                left + pw / 2, H - 12, top - 8, W - right + 6, top - 8);
-  svg += buf;
-  std::snprintf(buf, sizeof buf,
-                "<text x=\"%g\" y=\"%g\">%d steps, mean %.2f s/step, %d transitions (dashed, %.1f s), %d failed steps (dots)</text>\n",
-                left, H - 28.0, static_cast<int>(r.steps), r.mean_step_seconds, r.transitions, r.transition_seconds, r.failed_steps);
+                "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">step</text>"
+                "<text x=\"%g\" y=\"%g\" transform=\"rotate(-90 %g %g)\" text-anchor=\"middle\">seconds per step</text>"
+                "<text x=\"%g\" y=\"%g\" transform=\"rotate(-90 %g %g)\" text-anchor=\"middle\">GPUs</text>\n"
+                "<text x=\"%g\" y=\"%g\" fill=\"#555\">ticks: transitions; dots: failed steps</text>\n",
+                left + pw / 2, H - 6, 16.0, top + ph / 2, 16.0, top + ph / 2, 16.0, pool_top + pool_h / 2, 16.0, pool_top + pool_h / 2,
+                left, top + ph + 22);
   svg += buf;
   return svg + "</svg>\n";
+}
+
+std::string perfetto_json(const std::vector<PolicyRun>& runs) {
+  nlohmann::json events = nlohmann::json::array();
+  const char* tracks[] = {"steps", "transitions", "waiting for a transition", "failures", "decisions"};
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const int pid = static_cast<int>(k) + 1;
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", "policy " + runs[k].policy}}}});
+    for (int t = 0; t < 5; ++t)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", t + 1}, {"args", {{"name", tracks[t]}}}});
+    double now = 0;        // simulated seconds
+    double transition_end = 0;  // transitions on one track never overlap
+    for (const StepRecord& s : runs[k].result.records) {
+      const double us = now * 1e6;
+      events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 1}, {"name", "step " + std::to_string(s.step)}, {"ts", us},
+                        {"dur", s.seconds * 1e6},
+                        {"args", {{"plan", s.plan}, {"gpus", s.gpus}, {"response_len_mean", s.response_len_mean},
+                                  {"predicted_seconds", s.predicted_seconds}}}});
+      if (s.transition_seconds > 0) {
+        // As it ran: the part the step did not wait for ran beside the step before.
+        const double hidden = std::max(0.0, s.transition_seconds - s.exposed_seconds);
+        const double start = std::max({0.0, transition_end, us - hidden * 1e6});
+        const double end = std::max(start, us + s.exposed_seconds * 1e6);
+        events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 2}, {"name", "transition"}, {"ts", start}, {"dur", end - start},
+                          {"args", {{"plan", s.plan}, {"seconds", s.transition_seconds}, {"exposed_seconds", s.exposed_seconds}}}});
+        transition_end = end;
+      }
+      if (s.exposed_seconds > 0)
+        events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 3}, {"name", "waiting"}, {"ts", us}, {"dur", s.exposed_seconds * 1e6}});
+      if (s.failed)
+        events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 4}, {"name", s.oom ? "out of memory" : "failed"}, {"ts", us},
+                          {"dur", s.failure_seconds * 1e6}, {"args", {{"why", s.failure}}}});
+      if (!s.decision.empty())
+        events.push_back({{"ph", "i"}, {"s", "t"}, {"pid", pid}, {"tid", 5}, {"name", s.decision.substr(0, s.decision.find(':'))},
+                          {"ts", us}, {"args", {{"trigger", s.trigger}, {"decision", s.decision}}}});
+      now += s.seconds;
+    }
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n";
 }
 
 }  // namespace nereus

@@ -72,9 +72,4 @@ struct SimulationResult {
 SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const std::vector<TraceStep>& trace,
                           const SimulationOptions& options);
 
-/// One JSON object per step.
-std::string timeline_jsonl(const SimulationResult& r);
-/// Step latency over steps, transitions marked, GPU pool on a second axis.
-std::string plot_svg(const SimulationResult& r, const std::string& title);
-
 }  // namespace nereus
