@@ -269,6 +269,20 @@ with tempfile.TemporaryDirectory() as d:
     check_perfetto(pf, 3)
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace, "--policy", "nereus,sometimes"],
                  "policy 'sometimes'")
+    # Logs: the controller's decisions at info, one line each with its numbers; silent at
+    # the default level; a bad level is one clear error.
+    sim = ["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--trace", trace]
+    rc, out, err = run(*sim, "--log-level", "info")
+    decisions = [l for l in err.splitlines() if l.startswith("nereus info controller: step ")]
+    check(rc == 0 and decisions and all("L_tran" in l and "s/step" in l for l in decisions),
+          f"--log-level info: a line per decision with its numbers ({err.strip()[-300:]})")
+    rc, out, err = run(*sim)
+    check(rc == 0 and "controller:" not in err, "the default level keeps decisions quiet")
+    expect_error(["--log-level", "loud", "presets"], "log level 'loud' is not one of error, warn, info, debug, trace")
+    r = subprocess.run([NEREUS, "presets"], capture_output=True, text=True, env={**os.environ, "NEREUS_LOG": "chatty"})
+    check(r.returncode == 1 and "NEREUS_LOG: log level 'chatty'" in r.stderr, f"a bad NEREUS_LOG: one clear error ({r.stderr.strip()})")
+    r = subprocess.run([NEREUS, *sim], capture_output=True, text=True, env={**os.environ, "NEREUS_LOG": "info"})
+    check(r.returncode == 0 and "nereus info controller: step " in r.stderr, "NEREUS_LOG=info shows the decisions")
     with open(trace, "w") as f:
         f.write('{"step": 0, "gpus": 8, "response_len_mean": 100}\n{"step": 1, "gpus": "many", "response_len_mean": 100}\n')
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace], "line 2: field 'gpus'")

@@ -167,7 +167,8 @@ try:
     # Authentication.
     rc, _, err = status(addr, token=BAD)
     check(rc == 1 and ("could not prove" in err or "wrong token" in err), f"a wrong token is refused ({err.strip()})")
-    check(coord.wait_for(r"refused 127\.0\.0\.1:\d+: wrong token", 5) is not None, "the coordinator logs the wrong token")
+    check(coord.wait_for(r"nereusd warn node 0: refused 127\.0\.0\.1:\d+: wrong token", 5) is not None,
+          "the coordinator logs the wrong token (level, node rank)")
     env = dict(os.environ)
     env.pop("NEREUS_TOKEN", None)
     r = subprocess.run([NEREUS, "cluster", "status", "--coordinator", addr], capture_output=True, text=True, env=env)
@@ -271,6 +272,8 @@ try:
     mm = re.search(r'nereus_transitions_total\{result="ok"\} (\d+)', text)
     check(mm is not None and int(mm.group(1)) >= 3, "metrics: transitions counted")
     check(re.search(r'nereus_transition_runs_total\{node="0"\} [1-9]', text) is not None, "metrics: runs")
+    check(re.search(r"nereusd info node 0: request \d+: transition \S+ \S+ -> \S+ over 3 nodes done", coord.text()) is not None,
+          "the coordinator logs each transition with the node rank and the request id")
     text1 = http_get(node1_metrics, "/metrics") if node1_metrics else ""
     check(re.search(r'nereus_link_bytes_total\{node="1",src="\d+",dst="[23]"\} [1-9]', text1) is not None,
           "metrics: bytes node 1 received, per link")

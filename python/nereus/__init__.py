@@ -6,9 +6,9 @@ asyncio.
 """
 import asyncio as _asyncio
 
-from ._nereus import Error, Job, Shard, Stage, Transition, Unit, Workspace
+from ._nereus import Error, Job, Shard, Stage, Transition, Unit, Workspace, set_log_level
 
-__all__ = ["Error", "Job", "Shard", "Stage", "Transition", "Unit", "Workspace"]
+__all__ = ["Error", "Job", "Shard", "Stage", "Transition", "Unit", "Workspace", "set_log_level"]
 
 
 def _shard_data(self):

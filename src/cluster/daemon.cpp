@@ -14,6 +14,7 @@
 #include <list>
 #include <vector>
 
+#include "nereus/base/log.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/cluster/transition_service.hpp"
@@ -73,10 +74,11 @@ struct Daemon::State {
     if (o.launch.coordinator) members.emplace(o.launch.nodes, o.dead_after);
   }
 
+  /// A log line of this node (the rank is in the component: tests run several in one
+  /// process).
   template <class... A>
-  void log(fmt::format_string<A...> f, A&&... a) {
-    std::fprintf(stderr, "nereusd[%d]: %s\n", o.launch.node_rank, fmt::format(f, std::forward<A>(a)...).c_str());
-    std::fflush(stderr);
+  void log(LogLevel level, fmt::format_string<A...> f, A&&... a) {
+    if (log_enabled(level)) log_line(level, "node " + std::to_string(o.launch.node_rank), fmt::format(f, std::forward<A>(a)...));
   }
 
   std::vector<DeviceInfo> device_info() const {
@@ -163,10 +165,10 @@ struct Daemon::State {
         // counted by the accept loop
       } else if (what.find("wrong token") != std::string::npos) {
         ++metrics.auth_failures;
-        log("refused {}: wrong token", ch.peer());
+        log(LogLevel::warn, "refused {}: wrong token", ch.peer());
       } else {
         ++metrics.dropped[what.find("within") != std::string::npos ? "timeout" : "handshake"];
-        log("dropped {} during the handshake: {}", ch.peer(), what);
+        log(LogLevel::warn, "dropped {} during the handshake: {}", ch.peer(), what);
       }
       ch.close();
       co_return;
@@ -187,7 +189,7 @@ struct Daemon::State {
         const std::string what = e.what();
         if (what.find("connection closed") == std::string::npos) {
           ++metrics.dropped["protocol"];
-          log("dropped {}: {}", ch.peer(), what);
+          log(LogLevel::warn, "dropped {}: {}", ch.peer(), what);
         }
       }
     }
@@ -212,10 +214,10 @@ struct Daemon::State {
           Body answer = status();
           co_await reply(ch, req.request_id, std::move(answer));
         } else if (auto* spec = std::get_if<TransitionSpec>(&req.body)) {
-          Body answer = co_await transition(*spec);
+          Body answer = co_await transition(*spec, req.request_id);
           co_await reply(ch, req.request_id, std::move(answer));
         } else if (auto* jr = std::get_if<JobRequest>(&req.body)) {
-          Body answer = co_await run_job(*jr);
+          Body answer = co_await run_job(*jr, req.request_id);
           co_await reply(ch, req.request_id, std::move(answer));
         } else if (const bool handled = co_await job.handle(ch, req); handled) {
         } else if (const bool handled_part = co_await part.handle(ch, req); !handled_part) {
@@ -254,6 +256,7 @@ struct Daemon::State {
     std::vector<NodeAddress> nodes;
     if (std::string e = alive_nodes(nodes); !e.empty()) co_return ErrorReply{e};
     driving = true;
+    log(LogLevel::info, "{} begins over {} nodes", what, nodes.size());
     TransitionOutcome outcome;
     std::string error;
     const auto t0 = Clock::now();
@@ -265,22 +268,25 @@ struct Daemon::State {
     driving = false;
     metrics.transition_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     ++(!error.empty() || outcome.failed ? metrics.transitions_failed : metrics.transitions_ok);
-    if (!error.empty()) co_return ErrorReply{error};
-    log("{} over {} nodes done{}", what, nodes.size(), outcome.failed ? " (with a failure: see the report)" : "");
+    if (!error.empty()) {
+      log(LogLevel::warn, "{} failed: {}", what, error);
+      co_return ErrorReply{error};
+    }
+    log(LogLevel::info, "{} over {} nodes done{}", what, nodes.size(), outcome.failed ? " (with a failure: see the report)" : "");
     co_return TransitionResult{outcome.report};
   }
 
   // The coordinator runs a transition across the alive nodes for a client.
-  asio::awaitable<Body> transition(const TransitionSpec& spec) {
+  asio::awaitable<Body> transition(const TransitionSpec& spec, std::uint64_t request_id) {
     const auto drive = [&](const std::vector<NodeAddress>& nodes) { return drive_transition(spec, nodes, o.devices, o.token); };
-    const std::string what = fmt::format("transition {} {} -> {}", spec.model, spec.from, spec.to);
+    const std::string what = fmt::format("request {}: transition {} {} -> {}", request_id, spec.model, spec.from, spec.to);
     Body answer = co_await drive_alive(what, drive);
     co_return answer;
   }
 
   // The coordinator runs a job's plan change across the alive nodes for a client; a node
   // its heartbeats lose counts as lost in the job too.
-  asio::awaitable<Body> run_job(const JobRequest& request) {
+  asio::awaitable<Body> run_job(const JobRequest& request, std::uint64_t request_id) {
     const auto membership = [this](int rank) {
       if (rank == o.launch.node_rank) return true;
       for (const NodeStatus& m : members->status(Clock::now()).members)
@@ -290,7 +296,7 @@ struct Daemon::State {
     const auto drive = [&](const std::vector<NodeAddress>& nodes) {
       return drive_job(request, nodes, o.devices, o.device_capacity, o.token, membership);
     };
-    const std::string what = "job";
+    const std::string what = fmt::format("request {}: job", request_id);
     Body answer = co_await drive_alive(what, drive);
     co_return answer;
   }
@@ -325,7 +331,7 @@ struct Daemon::State {
       co_await reply(ch, first.request_id, std::move(no));
       throw Error("join refused: " + refused);
     }
-    log("node {} joined from {} (pid {}, {} devices)", rank, join->listen, join->pid, join->devices.size());
+    log(LogLevel::info, "node {} joined from {} (pid {}, {} devices)", rank, join->listen, join->pid, join->devices.size());
     Body welcome = Welcome{members->nodes()};
     co_await reply(ch, first.request_id, std::move(welcome));
     std::string why = "connection closed";
@@ -342,7 +348,7 @@ struct Daemon::State {
     } catch (const std::exception& e) {
       why = e.what();
     }
-    if (!stopping && members->lost(rank, session, why)) log("node {} lost: {}", rank, why);
+    if (!stopping && members->lost(rank, session, why)) log(LogLevel::warn, "node {} lost: {}", rank, why);
   }
 
   asio::awaitable<void> sweep_loop() {
@@ -352,7 +358,7 @@ struct Daemon::State {
       auto [ec] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
       if (ec) co_return;
       members->heartbeat(0, self_session, device_info(), Clock::now());
-      for (int r : members->sweep(Clock::now())) log("node {} lost: {}", r, members->last_loss(r));
+      for (int r : members->sweep(Clock::now())) log(LogLevel::warn, "node {} lost: {}", r, members->last_loss(r));
     }
   }
 
@@ -382,14 +388,14 @@ struct Daemon::State {
         if (!std::holds_alternative<Welcome>(r.body)) throw Error(std::string("the coordinator answered join with ") + kind_name(r.body));
         joined = true;
         ++metrics.joins;
-        log("joined the coordinator at {} ({})", at.str(), metrics.joins == 1 ? "first join" : "rejoin");
+        log(LogLevel::info, "joined the coordinator at {} ({})", at.str(), metrics.joins == 1 ? "first join" : "rejoin");
         co_await heartbeat(*ch);
       } catch (const Error& e) {
         if (stopping) co_return;
         const std::string what = e.what();
         // A refusal is final: another try would be refused the same way.
         if (!joined && (what.find("refused") != std::string::npos || what.find("prove") != std::string::npos)) throw;
-        log("lost the coordinator: {}; rejoining", what);
+        log(LogLevel::warn, "lost the coordinator: {}; rejoining", what);
       }
       ch->close();
       if (joined) deadline = Clock::now() + o.join_limit;

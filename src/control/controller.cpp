@@ -6,6 +6,8 @@
 #include <limits>
 
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
+#include "nereus/core/bytes.hpp"
 
 namespace nereus {
 
@@ -209,6 +211,10 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   const auto t0 = std::chrono::steady_clock::now();
   auto done = [&](Decision& d) {
     d.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (d.replanned || d.admitted)  // one line per decision, with its numbers
+      log(LogLevel::info, "controller", "step {} [{}] {}: {} (now {:.3f} s/step, target {:.3f} s, L_tran {:.3f} s, H {:.1f}, {} moved, {:.2f} ms)",
+          d.step, d.trigger, d.admitted ? "switch" : "stay", d.why, d.current_seconds, d.target_seconds, d.transition_seconds,
+          d.horizon_steps, human_bytes(d.moved_bytes), d.decision_ms);
     return d;
   };
   Decision d;

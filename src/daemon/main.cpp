@@ -8,6 +8,7 @@
 #include "nereus/cluster/daemon.hpp"
 #include "nereus/core/bytes.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 
 using namespace nereus;
 using namespace nereus::cluster;
@@ -55,11 +56,10 @@ int run(const Args& a) {
   asio::io_context io;
   Daemon d(io, o);
   d.bind();
-  std::fprintf(stderr, "nereusd[%d]: %s of %d nodes (from %s), listening on %s%s, %d devices of %s\n", o.launch.node_rank,
-               o.launch.coordinator ? "coordinator" : "node", o.launch.nodes, o.launch.source.c_str(),
-               d.listening().str().c_str(), d.metrics_listening() ? (", metrics on " + d.metrics_listening()->str()).c_str() : "",
-               o.devices, human_bytes(o.device_capacity).c_str());
-  std::fflush(stderr);
+  const std::string node = "node " + std::to_string(o.launch.node_rank);
+  log(LogLevel::info, node, "{} of {} nodes (from {}), listening on {}{}, {} devices of {}", o.launch.coordinator ? "coordinator" : "node",
+      o.launch.nodes, o.launch.source, d.listening().str(), d.metrics_listening() ? ", metrics on " + d.metrics_listening()->str() : "",
+      o.devices, human_bytes(o.device_capacity));
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code ec, int) {
     if (!ec) d.stop();
@@ -77,15 +77,14 @@ int run(const Args& a) {
   });
   io.run();
   if (!error.empty()) {
-    std::fprintf(stderr, "nereusd: error: %s\n", error.c_str());
+    log(LogLevel::error, node, "{}", error);
     return 1;
   }
-  std::fprintf(stderr, "nereusd[%d]: stopped\n", o.launch.node_rank);
+  log(LogLevel::info, node, "stopped");
   if (d.stuck()) {
     // A transfer that would not stop still references its coroutines and memory: end here
     // rather than destroy them under it.
-    std::fprintf(stderr, "nereusd[%d]: leaving a transfer that would not stop behind\n", o.launch.node_rank);
-    std::fflush(stderr);
+    log(LogLevel::warn, node, "leaving a transfer that would not stop behind");
     std::_Exit(0);
   }
   return 0;
@@ -109,10 +108,16 @@ int main(int argc, char** argv) {
   app.add_option("--handshake-ms", a.handshake_ms, "time a connection has to authenticate (default 5000)");
   app.add_option("--join-timeout-ms", a.join_timeout_ms, "how long a node tries to reach the coordinator (default 60000)");
   app.add_option("--frame-cap", a.frame_cap, "largest control frame accepted after authentication, bytes (default 64 MiB; 64 KiB before)");
+  app.add_option("--log-level", "error | warn | info | debug | trace (default info, or $NEREUS_LOG)")
+      ->each([](const std::string& v) { set_log_level(parse_log_level(v)); });
   try {
+    init_logging("nereusd", -1, LogLevel::info);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nereusd: error: %s\n", e.what());
+    return 1;
   }
   try {
     return run(a);

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 #include "nereus/core/model.hpp"
 #include "nereus/core/packing.hpp"
 #include "py_job.hpp"
@@ -408,5 +409,10 @@ void bind_job(py::module_& m) {
 
 PYBIND11_MODULE(_nereus, m) {
   m.doc() = "Nereus embedded in a Python RLHF framework (docs/embedding.md)";
+  // Log lines (the live controller's decisions at info) go to stderr at NEREUS_LOG's level.
+  nereus::init_logging("nereus", -1, nereus::LogLevel::warn);
+  m.def(
+      "set_log_level", [](const std::string& level) { nereus::set_log_level(nereus::parse_log_level(level)); }, pybind11::arg("level"),
+      "Log level of Nereus's lines on stderr: error, warn (default), info (the controller's decisions), debug, trace.");
   nereus::python::bind_job(m);
 }
