@@ -133,6 +133,16 @@ def http_get(addr, path):
     return data.decode()
 
 
+def check_metric_names(text):
+    """Prometheus conventions: counters end in _total, units in the name are base units
+    (seconds, bytes), no rates in GB/s or milliseconds."""
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    check(len(types) > 10, f"metrics: {len(types)} families with TYPE lines")
+    for name, kind in types.items():
+        check(kind != "counter" or name.endswith("_total"), f"metrics: counter {name} ends in _total")
+        check(not re.search(r"(gbps|_ms|_gb|_mb|_kib)(_|$)", name), f"metrics: {name} is in base units")
+
+
 def closed_by_peer(s, timeout):
     """True when the server closes the connection within timeout seconds."""
     s.settimeout(timeout)
@@ -275,9 +285,14 @@ try:
     check(re.search(r"nereusd info node 0: request \d+: transition \S+ \S+ -> \S+ over 3 nodes done", coord.text()) is not None,
           "the coordinator logs each transition with the node rank and the request id")
     text1 = http_get(node1_metrics, "/metrics") if node1_metrics else ""
-    check(re.search(r'nereus_link_bytes_total\{node="1",src="\d+",dst="[23]"\} [1-9]', text1) is not None,
-          "metrics: bytes node 1 received, per link")
-    check(re.search(r'nereus_link_gbps\{node="1",src="\d+",dst="[23]"\} [0-9.]+', text1) is not None, "metrics: GB/s per link")
+    check(re.search(r'nereus_link_bytes_total\{node="1",src="\d+",dst="[23]",transport="(ucx|local)"\} [1-9]', text1) is not None,
+          "metrics: bytes node 1 received, per link and transport")
+    check(re.search(r'nereus_link_bytes_per_second\{node="1",src="\d+",dst="[23]",transport="\w+"\} [0-9]+', text1) is not None,
+          "metrics: bytes per second per link")
+    check(re.search(r'nereus_link_seconds_total\{node="1",src="\d+",dst="[23]",transport="\w+"\} [0-9.]+', text1) is not None,
+          "metrics: busy seconds per link")
+    check_metric_names(text)
+    check_metric_names(text1)
 
     # A node killed with SIGKILL: lost within 3 s; restarted, it rejoins.
     victim = nodes[2].p
@@ -331,6 +346,10 @@ try:
     check(rc == 0 and d.get("admitted") is True and j.get("transition", {}).get("completed") is True and j.get("verified") is True
           and len(devices_of(j.get("plan") or {"x": "devices=0"})) > 2,
           f"the coordinator's controller admits a plan change and runs it ({d.get('why')} {err.strip()[-300:]})")
+    text = http_get(metrics, "/metrics")
+    mm = re.search(r'nereus_decisions_total\{outcome="admitted"\} (\d+)', text)
+    check(mm is not None and int(mm.group(1)) >= 1, "metrics: the controller's decisions, by outcome")
+    check(re.search(r'nereus_job_units\{model_stage="actor/train"\} [1-9]', text) is not None, "metrics: units per model-stage")
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
     t = j.get("transition", {})
     check(rc == 0 and t.get("completed") is True and j.get("plan") == JOB_TO and j.get("verified") is True,

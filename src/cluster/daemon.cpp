@@ -298,6 +298,7 @@ struct Daemon::State {
     };
     const std::string what = fmt::format("request {}: job", request_id);
     Body answer = co_await drive_alive(what, drive);
+    if (const auto* done = std::get_if<TransitionResult>(&answer)) metrics.add_job_report(done->json);
     co_return answer;
   }
 

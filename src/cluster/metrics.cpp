@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
 
 namespace nereus::cluster {
 
@@ -23,7 +25,34 @@ void Metrics::add_run(double seconds, const std::vector<Timing>& timings) {
     Link& l = links[key];
     l.bytes += s.bytes;
     l.transfers += s.transfers;
-    l.last_gbps = s.gbps();
+    l.seconds += s.hi > s.lo ? s.hi - s.lo : 0;
+    l.last_bytes_per_second = s.gbps() * 1e9;
+  }
+}
+
+std::string Metrics::transport_of(std::uint32_t src) const {
+  const std::size_t per_node = std::max<std::size_t>(1, devices.size());
+  return static_cast<int>(src / per_node) == node_rank ? "local" : "ucx";
+}
+
+void Metrics::add_job_report(const std::string& report) {
+  const nlohmann::json j = nlohmann::json::parse(report, nullptr, false);
+  if (!j.is_object()) return;
+  auto count = [&](const nlohmann::json& d) {
+    if (d.is_object() && d.contains("admitted")) ++decisions[d.value("admitted", false) ? "admitted" : "rejected"];
+  };
+  if (j.contains("decision")) count(j["decision"]);
+  if (j.contains("recovery") && j["recovery"].is_array())
+    for (const auto& r : j["recovery"])
+      if (r.contains("decision")) count(r["decision"]);
+  if (j.contains("plan") && j["plan"].is_object()) {
+    job_units.clear();
+    for (const auto& [stage, spec] : j["plan"].items()) {
+      // The replicas of a layout spec "tp=..,pp=..,dp=D,...": one unit each.
+      const std::string text = spec.is_string() ? spec.get<std::string>() : "";
+      const auto at = text.find("dp=");
+      job_units[stage] = at == std::string::npos ? 1 : std::strtoull(text.c_str() + at + 3, nullptr, 10);
+    }
   }
 }
 
@@ -55,13 +84,20 @@ std::string render_prometheus(const Metrics& m) {
     out += fmt::format("nereus_device_memory_capacity_bytes{{{},device=\"{}\"}} {}\n", node, d.id, d.capacity);
   metric("nereus_link_bytes_total", "counter", "Bytes this node received, per source and destination device.");
   for (const auto& [k, l] : m.links)
-    out += fmt::format("nereus_link_bytes_total{{{},src=\"{}\",dst=\"{}\"}} {}\n", node, k.first, k.second, l.bytes);
+    out += fmt::format("nereus_link_bytes_total{{{},src=\"{}\",dst=\"{}\",transport=\"{}\"}} {}\n", node, k.first, k.second,
+                       m.transport_of(k.first), l.bytes);
   metric("nereus_link_transfers_total", "counter", "Transfers this node received, per source and destination device.");
   for (const auto& [k, l] : m.links)
-    out += fmt::format("nereus_link_transfers_total{{{},src=\"{}\",dst=\"{}\"}} {}\n", node, k.first, k.second, l.transfers);
-  metric("nereus_link_gbps", "gauge", "GB/s of each link over its busy span in the last run.");
+    out += fmt::format("nereus_link_transfers_total{{{},src=\"{}\",dst=\"{}\",transport=\"{}\"}} {}\n", node, k.first, k.second,
+                       m.transport_of(k.first), l.transfers);
+  metric("nereus_link_seconds_total", "counter", "Busy time of each link in transition runs (first transfer start to last end, per run).");
   for (const auto& [k, l] : m.links)
-    out += fmt::format("nereus_link_gbps{{{},src=\"{}\",dst=\"{}\"}} {:.6f}\n", node, k.first, k.second, l.last_gbps);
+    out += fmt::format("nereus_link_seconds_total{{{},src=\"{}\",dst=\"{}\",transport=\"{}\"}} {:.6f}\n", node, k.first, k.second,
+                       m.transport_of(k.first), l.seconds);
+  metric("nereus_link_bytes_per_second", "gauge", "Each link's bytes over its busy span in the last run.");
+  for (const auto& [k, l] : m.links)
+    out += fmt::format("nereus_link_bytes_per_second{{{},src=\"{}\",dst=\"{}\",transport=\"{}\"}} {:.0f}\n", node, k.first, k.second,
+                       m.transport_of(k.first), l.last_bytes_per_second);
   metric("nereus_transition_runs_total", "counter", "Transition runs this node took part in.");
   out += fmt::format("nereus_transition_runs_total{{{}}} {}\n", node, m.runs);
   metric("nereus_transition_run_seconds_total", "counter", "Time this node spent in transition runs.");
@@ -78,6 +114,13 @@ std::string render_prometheus(const Metrics& m) {
     out += fmt::format("nereus_transition_seconds_total {:.6f}\n", m.transition_seconds);
     metric("nereus_heartbeats_received_total", "counter", "Heartbeats the coordinator received from all nodes.");
     out += fmt::format("nereus_heartbeats_received_total {}\n", m.heartbeats_received);
+    metric("nereus_decisions_total", "counter", "The controller's decisions in jobs, by outcome.");
+    for (const char* outcome : {"admitted", "rejected"}) {
+      const auto it = m.decisions.find(outcome);
+      out += fmt::format("nereus_decisions_total{{outcome=\"{}\"}} {}\n", outcome, it == m.decisions.end() ? 0 : it->second);
+    }
+    metric("nereus_job_units", "gauge", "Units of each model-stage in the last job's plan.");
+    for (const auto& [stage, n] : m.job_units) out += fmt::format("nereus_job_units{{model_stage=\"{}\"}} {}\n", stage, n);
     metric("nereus_nodes", "gauge", "Nodes of the job, by state.");
     out += fmt::format("nereus_nodes{{state=\"expected\"}} {}\n", m.nodes_expected);
     out += fmt::format("nereus_nodes{{state=\"alive\"}} {}\n", m.nodes_alive);

@@ -34,9 +34,14 @@ struct Metrics {
   /// Transfers this node received, per (source device, destination device).
   struct Link {
     std::uint64_t bytes = 0, transfers = 0;
-    double last_gbps = 0;  ///< the link's bytes over its busy span in the last run
+    double seconds = 0;               ///< busy spans of the runs (first start to last end)
+    double last_bytes_per_second = 0; ///< the link's bytes over its busy span in the last run
   };
   std::map<std::pair<std::uint32_t, std::uint32_t>, Link> links;
+  /// Coordinator: the controller's decisions in jobs, by outcome (admitted, rejected), and
+  /// the units of each model-stage in the last job's plan.
+  std::map<std::string, std::uint64_t> decisions;
+  std::map<std::string, std::uint64_t> job_units;
   std::uint64_t runs = 0;             ///< transition runs this node took part in
   double run_seconds = 0, last_run_seconds = 0;
   std::uint64_t transitions_ok = 0, transitions_failed = 0;  ///< coordinator: transitions driven
@@ -47,6 +52,12 @@ struct Metrics {
 
   /// Counts one run's transfers (per link, as received here).
   void add_run(double seconds, const std::vector<Timing>& timings);
+  /// Coordinator: counts a job's report (`nereus cluster job`'s JSON): its decisions and
+  /// the units of its final plan. A report that is not such JSON counts nothing.
+  void add_job_report(const std::string& report);
+  /// "ucx" for a link from another node, "local" for one inside this node (device ids run
+  /// node by node, devices.size() per node).
+  std::string transport_of(std::uint32_t src) const;
 };
 
 /// The metrics as Prometheus text.
