@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import check, finish  # noqa: E402
+from harness import check, check_perfetto, finish  # noqa: E402
 from shards import check_dump  # noqa: E402
 
 NEREUS = sys.argv[1]
@@ -21,6 +21,23 @@ def bench(*args, timeout=240):
     out = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
     return p.returncode, out, p.stderr
 
+
+# --perfetto: a track per destination device and per link; every copied byte in one
+# transfer event; with --procs 2 the workers' transfers merged into the one file.
+with tempfile.TemporaryDirectory() as d:
+    for extra in [[], ["--transport", "ucx", "--procs", "2"]]:
+        path = os.path.join(d, "t.json")
+        rc, j, err = bench("--model", "tiny-llama", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=1,dp=2", "--repeat", "1",
+                           "--perfetto", path, *extra)
+        check(rc == 0 and os.path.exists(path), f"bench transition --perfetto {extra} ({err.strip()[-200:]})")
+        if rc == 0:
+            xs = check_perfetto(path, 2)
+            byte_sum = sum(e["args"]["bytes"] for e in xs if e["pid"] == 1)
+            check(byte_sum == j.get("copied_bytes"), f"perfetto {extra}: every copied byte in a transfer event "
+                  f"({byte_sum} of {j.get('copied_bytes')})")
+            check(all(e["args"]["transport"] in ("local", "local copy", "ucx") for e in xs), "perfetto: each transfer names its transport")
+            if extra:
+                check({e["args"]["process"] for e in xs} == {0, 1}, "perfetto: both workers' transfers merged")
 
 # Local transport, training slots, fused packing, explicit PP partition.
 for model, src, dst in [("tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=2,dp=1,partition=2/4"),

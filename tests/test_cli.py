@@ -12,7 +12,7 @@ import tempfile
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import check, finish  # noqa: E402
+from harness import check, check_perfetto, finish  # noqa: E402
 
 NEREUS = sys.argv[1]
 
@@ -202,32 +202,6 @@ def check_plot(svg, labels):
         pixels = png_pixels(png)
         ink = sum(1 for b in pixels[::7] if b < 200)
         check(ink > len(pixels[::7]) // 200, f"the rendered plot is not blank ({ink} dark samples of {len(pixels[::7])})")
-
-
-def check_perfetto(path, processes):
-    """A Perfetto (Chrome trace event) file: valid JSON, complete events with durations >= 0
-    that nest per track, a named process per policy."""
-    j = json.load(open(path))
-    events = j.get("traceEvents", [])
-    names = [e for e in events if e.get("ph") == "M" and e.get("name") == "process_name"]
-    check(len(names) == processes, f"perfetto: a process per policy ({len(names)})")
-    tracks = {}
-    for e in events:
-        if e.get("ph") == "X":
-            check(e.get("dur", -1) >= 0 and e.get("ts", -1) >= 0, f"perfetto: complete event with ts, dur >= 0: {e}")
-            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
-    check(len(tracks) >= processes, "perfetto: tracks with events")
-    for key, spans in tracks.items():
-        spans.sort()
-        stack = []
-        for begin, end in spans:
-            while stack and stack[-1] <= begin + 1e-3:
-                stack.pop()
-            ok = not stack or end <= stack[-1] + 1e-3
-            if not ok:
-                check(False, f"perfetto: events overlap without nesting on track {key}")
-                break
-            stack.append(end)
 
 
 # Controller front ends: search and simulate (short runs; the figures are in docs/controller.md).

@@ -1,14 +1,18 @@
 #pragma once
 // `nereus bench transition`: fill the source shards, run a transition for real R times,
 // time it, verify and dump the destination shards (interfaces.md).
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/participant.hpp"
 
 namespace nereus::bench {
+
+using json = nlohmann::json;
 
 /// The bench's settings: the reshard, plus how to run and report it.
 struct TransitionConfig : ReshardSpec {
@@ -17,6 +21,7 @@ struct TransitionConfig : ReshardSpec {
   int repeat = 3;
   bool verify = false;
   std::string dump_dir;
+  std::string perfetto;  ///< write the last run's transfers as a Perfetto timeline here
   bool json = false;
   double timeout_seconds = 300;
   int kill_worker = -1;  ///< fault injection: this worker dies during the first run
@@ -34,6 +39,14 @@ using Prepared = PreparedReshard;
 Prepared prepare(const TransitionConfig& c);
 /// This machine's memcpy bandwidth in GB/s (10^9 B/s) with `threads` threads.
 double memcpy_gbps(unsigned threads);
+/// A run's transfers as JSON, [[src, dst, bytes, start, end], ...] (seconds from the run's
+/// start), as they travel from worker processes to the parent.
+json timings_json(const std::vector<TransferTiming>& timings);
+/// Writes the last run's transfers as a Perfetto timeline: a track per destination device
+/// and one per link (source → destination), each transfer with its bytes, transport and
+/// the reshard it belongs to. `timings`: per process (rank → timings_json); the processes'
+/// clocks are taken as aligned at the run's start (the parent starts them together).
+void write_transfer_trace(const TransitionConfig& c, const std::map<int, json>& timings);
 /// Prints the result (JSON or a readable summary); returns the exit code.
 int report(const TransitionConfig& c, const Prepared& p, nlohmann::json result);
 

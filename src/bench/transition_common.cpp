@@ -6,10 +6,41 @@
 #include <iostream>
 #include <thread>
 
+#include <fstream>
+
 #include "nereus/base/error.hpp"
+#include "nereus/core/bytes.hpp"
+#include "nereus/base/trace_events.hpp"
 #include "transition_bench.hpp"
 
 namespace nereus::bench {
+
+json timings_json(const std::vector<TransferTiming>& timings) {
+  json out = json::array();
+  for (const TransferTiming& t : timings) out.push_back({t.src, t.dst, t.bytes, t.start, t.end});
+  return out;
+}
+
+void write_transfer_trace(const TransitionConfig& c, const std::map<int, json>& timings) {
+  TraceEvents trace;
+  trace.process(1, "devices (receiving)");
+  trace.process(2, "links");
+  const std::string reshard = c.model + " " + c.from + " -> " + c.to;
+  for (const auto& [rank, list] : timings)
+    for (const json& t : list) {
+      const auto src = t[0].get<int>(), dst = t[1].get<int>();
+      const auto bytes = t[2].get<std::uint64_t>();
+      const double start = t[3].get<double>(), end = t[4].get<double>();
+      const std::string transport = src == dst ? "local copy" : c.transport == "ucx" ? "ucx" : "local";
+      const json args = {{"bytes", bytes}, {"transport", transport}, {"src", src}, {"dst", dst}, {"process", rank}, {"reshard", reshard}};
+      const std::string name = human_bytes(bytes) + " " + std::to_string(src) + " → " + std::to_string(dst);
+      trace.complete(1, "device " + std::to_string(dst), name, start, end - start, args);
+      trace.complete(2, std::to_string(src) + " → " + std::to_string(dst), name, start, end - start, args);
+    }
+  std::ofstream out(c.perfetto);
+  out << trace.dump();
+  if (!out) throw Error("--perfetto: cannot write '" + c.perfetto + "'");
+}
 
 Prepared prepare(const TransitionConfig& c) {
   if (c.transport != "local" && c.transport != "ucx")

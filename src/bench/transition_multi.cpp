@@ -134,11 +134,14 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     secs.push_back(std::chrono::duration<double>(clock::now() - t0).count());
     if (!error.empty()) detected = secs.back();
     std::uint64_t link = 0, local = 0;
+    std::map<int, json> timings;
     for (auto& [r, m] : done) {
       link += m.value("link_bytes", std::uint64_t{0});
       local += m.value("local_bytes", std::uint64_t{0});
+      if (m.contains("timings")) timings[r] = m["timings"];
     }
     last_done = {{"link_bytes", link}, {"local_bytes", local}};
+    if (!c.perfetto.empty() && error.empty() && i + 1 == c.repeat) write_transfer_trace(c, timings);
   }
   if (!error.empty()) {
     const std::string first = error;

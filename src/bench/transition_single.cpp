@@ -66,6 +66,7 @@ int run_single_process(const TransitionConfig& c) {
     last = run_until_done(io, ex.run(bound));
     secs.push_back(last.seconds);
   }
+  if (!c.perfetto.empty()) write_transfer_trace(c, {{0, timings_json(last.timings)}});
   nlohmann::json out = run_figures(p, secs, last.link_bytes + last.local_bytes);
   const double copied = static_cast<double>(last.link_bytes + last.local_bytes);
   const double median = out["seconds_median"];

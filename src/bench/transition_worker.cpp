@@ -66,7 +66,7 @@ asio::awaitable<void> serve(const TransitionConfig& c, asio::io_context& io, Soc
         doom.expires_after(std::chrono::milliseconds(3));
         doom.async_wait([](auto) { ::raise(SIGKILL); });
       }
-      part.run([&control](RunResult r) -> asio::awaitable<void> {
+      part.run([&control, &c](RunResult r) -> asio::awaitable<void> {
         json msg = r.ok ? json{{"type", "done"},
                                {"seconds", r.report.seconds},
                                {"link_bytes", r.report.link_bytes},
@@ -74,6 +74,7 @@ asio::awaitable<void> serve(const TransitionConfig& c, asio::io_context& io, Soc
                                {"transfers", r.report.timings.size()},
                                {"commits", r.report.commits.size()}}
                         : json{{"type", "failed"}, {"error", r.error}};
+        if (r.ok && !c.perfetto.empty()) msg["timings"] = timings_json(r.report.timings);
         co_await send(control, msg);
       });
     } else if (t == "abort") {

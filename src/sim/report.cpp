@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "nereus/base/trace_events.hpp"
+
 namespace nereus {
 
 namespace {
@@ -182,42 +184,30 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
 }
 
 std::string perfetto_json(const std::vector<PolicyRun>& runs) {
-  nlohmann::json events = nlohmann::json::array();
-  const char* tracks[] = {"steps", "transitions", "waiting for a transition", "failures", "decisions"};
+  TraceEvents trace;
   for (std::size_t k = 0; k < runs.size(); ++k) {
     const int pid = static_cast<int>(k) + 1;
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", "policy " + runs[k].policy}}}});
-    for (int t = 0; t < 5; ++t)
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", t + 1}, {"args", {{"name", tracks[t]}}}});
-    double now = 0;        // simulated seconds
-    double transition_end = 0;  // transitions on one track never overlap
+    trace.process(pid, "policy " + runs[k].policy);
+    double now = 0;  // simulated seconds
     for (const StepRecord& s : runs[k].result.records) {
-      const double us = now * 1e6;
-      events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 1}, {"name", "step " + std::to_string(s.step)}, {"ts", us},
-                        {"dur", s.seconds * 1e6},
-                        {"args", {{"plan", s.plan}, {"gpus", s.gpus}, {"response_len_mean", s.response_len_mean},
-                                  {"predicted_seconds", s.predicted_seconds}}}});
+      trace.complete(pid, "steps", "step " + std::to_string(s.step), now, s.seconds,
+                     {{"plan", s.plan}, {"gpus", s.gpus}, {"response_len_mean", s.response_len_mean},
+                      {"predicted_seconds", s.predicted_seconds}});
       if (s.transition_seconds > 0) {
         // As it ran: the part the step did not wait for ran beside the step before.
         const double hidden = std::max(0.0, s.transition_seconds - s.exposed_seconds);
-        const double start = std::max({0.0, transition_end, us - hidden * 1e6});
-        const double end = std::max(start, us + s.exposed_seconds * 1e6);
-        events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 2}, {"name", "transition"}, {"ts", start}, {"dur", end - start},
-                          {"args", {{"plan", s.plan}, {"seconds", s.transition_seconds}, {"exposed_seconds", s.exposed_seconds}}}});
-        transition_end = end;
+        const double start = std::max(0.0, now - hidden);
+        trace.complete(pid, "transitions", "transition", start, now + s.exposed_seconds - start,
+                       {{"plan", s.plan}, {"seconds", s.transition_seconds}, {"exposed_seconds", s.exposed_seconds}});
       }
-      if (s.exposed_seconds > 0)
-        events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 3}, {"name", "waiting"}, {"ts", us}, {"dur", s.exposed_seconds * 1e6}});
-      if (s.failed)
-        events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 4}, {"name", s.oom ? "out of memory" : "failed"}, {"ts", us},
-                          {"dur", s.failure_seconds * 1e6}, {"args", {{"why", s.failure}}}});
+      if (s.exposed_seconds > 0) trace.complete(pid, "waiting for a transition", "waiting", now, s.exposed_seconds);
+      if (s.failed) trace.complete(pid, "failures", s.oom ? "out of memory" : "failed", now, s.failure_seconds, {{"why", s.failure}});
       if (!s.decision.empty())
-        events.push_back({{"ph", "i"}, {"s", "t"}, {"pid", pid}, {"tid", 5}, {"name", s.decision.substr(0, s.decision.find(':'))},
-                          {"ts", us}, {"args", {{"trigger", s.trigger}, {"decision", s.decision}}}});
+        trace.instant(pid, "decisions", s.decision.substr(0, s.decision.find(':')), now, {{"trigger", s.trigger}, {"decision", s.decision}});
       now += s.seconds;
     }
   }
-  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n";
+  return trace.dump();
 }
 
 }  // namespace nereus
