@@ -6,6 +6,7 @@
 #include "nereus/base/device_id.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
+#include "nereus/base/progress.hpp"
 #include "nereus/base/trace_events.hpp"
 #include "nereus/base/status.hpp"
 #include "nereus/cluster/auth.hpp"

@@ -2,7 +2,9 @@
 """End-to-end checks of the `nereus` command line: JSON fields, worked examples, and one
 clear error (non-zero exit, no crash) for each kind of bad input."""
 import json
+import pty
 import re
+import select
 import shutil
 import os
 import struct
@@ -257,6 +259,33 @@ with tempfile.TemporaryDirectory() as d:
     check(r.returncode == 1 and "NEREUS_LOG: log level 'chatty'" in r.stderr, f"a bad NEREUS_LOG: one clear error ({r.stderr.strip()})")
     r = subprocess.run([NEREUS, *sim], capture_output=True, text=True, env={**os.environ, "NEREUS_LOG": "info"})
     check(r.returncode == 0 and "nereus info controller: step " in r.stderr, "NEREUS_LOG=info shows the decisions")
+    # Progress: a line on a terminal, redrawn in place; none with --quiet or --json, none
+    # when stderr is not a terminal (above: captured, no carriage return).
+    check("\r" not in r.stderr, "no progress line when stderr is not a terminal")
+    def on_terminal(*extra):
+        leader, follower = pty.openpty()
+        p = subprocess.Popen([NEREUS, *sim, *extra], stdout=subprocess.PIPE, stderr=follower)
+        os.close(follower)
+        seen = b""
+        while True:
+            ready, _, _ = select.select([leader], [], [], 60)
+            try:
+                chunk = os.read(leader, 4096) if ready else b""
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            seen += chunk
+        out = p.communicate(timeout=60)[0]
+        os.close(leader)
+        return p.returncode, out.decode(), seen.decode(errors="replace")
+    rc, out, shown = on_terminal()
+    check(rc == 0 and "\rsimulate nereus [" in shown and "40 of 40 steps" in shown and "steps/s" in shown,
+          f"a progress line on a terminal ({shown[-200:]!r})")
+    check("\r" not in out, "the progress line stays off stdout")
+    for flag in ["--quiet", "--json"]:
+        rc, out, shown = on_terminal(flag)
+        check(rc == 0 and "\r" not in shown, f"no progress line with {flag}")
     with open(trace, "w") as f:
         f.write('{"step": 0, "gpus": 8, "response_len_mean": 100}\n{"step": 1, "gpus": "many", "response_len_mean": 100}\n')
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace], "line 2: field 'gpus'")

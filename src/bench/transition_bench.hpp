@@ -23,6 +23,7 @@ struct TransitionConfig : ReshardSpec {
   std::string dump_dir;
   std::string perfetto;  ///< write the last run's transfers as a Perfetto timeline here
   bool json = false;
+  bool quiet = false;  ///< no progress line (also with json)
   double timeout_seconds = 300;
   int kill_worker = -1;  ///< fault injection: this worker dies during the first run
   std::string daemons;     ///< HOST:PORT of a nereusd coordinator: run across the daemons

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "control.hpp"
+#include "nereus/base/progress.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/inbox.hpp"
 #include "nereus/runtime/executor.hpp"
@@ -124,6 +125,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
   std::vector<double> secs;
   json last_done;
   double detected = 0;  // seconds from the failing run's start to the failure being known
+  Progress progress("bench transition", c.repeat, "runs", c.quiet || c.json);
   for (int i = 0; i < c.repeat && error.empty(); ++i) {
     const auto t0 = clock::now();
     {
@@ -142,7 +144,9 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     }
     last_done = {{"link_bytes", link}, {"local_bytes", local}};
     if (!c.perfetto.empty() && error.empty() && i + 1 == c.repeat) write_transfer_trace(c, timings);
+    progress.update(i + 1);
   }
+  progress.finish();
   if (!error.empty()) {
     const std::string first = error;
     // Stop whoever still runs; the sources must still verify.

@@ -4,6 +4,7 @@
 
 #include "nereus/core/bytes.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/progress.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/local.hpp"
@@ -62,10 +63,13 @@ int run_single_process(const TransitionConfig& c) {
 
   std::vector<double> secs;
   ExecutionReport last;
+  Progress progress("bench transition", c.repeat, "runs", c.quiet || c.json);
   for (int r = 0; r < c.repeat; ++r) {
     last = run_until_done(io, ex.run(bound));
     secs.push_back(last.seconds);
+    progress.update(r + 1);
   }
+  progress.finish();
   if (!c.perfetto.empty()) write_transfer_trace(c, {{0, timings_json(last.timings)}});
   nlohmann::json out = run_figures(p, secs, last.link_bytes + last.local_bytes);
   const double copied = static_cast<double>(last.link_bytes + last.local_bytes);

@@ -9,6 +9,7 @@
 #include "commands.hpp"
 #include "nereus/core/cluster.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/progress.hpp"
 #include "nereus/sim/report.hpp"
 
 namespace nereus::cli {
@@ -23,6 +24,7 @@ struct SimulateArgs {
   int profile_runs = 24;
   std::string transitions = "overlap";
   bool json = false;
+  bool quiet = false;
 };
 
 void write_file(const std::string& path, const std::string& text, const char* flag) {
@@ -114,6 +116,8 @@ void run_simulate(const SimulateArgs& a) {
     o.seed = a.seed;
     o.profile_runs = a.profile_runs;
     o.overlap = a.transitions == "overlap";
+    Progress progress("simulate " + policy, static_cast<double>(trace.size()), "steps", a.quiet || a.json);
+    o.on_step = [&](std::size_t done) { progress.update(static_cast<double>(done)); };
     runs.push_back({policy, simulate(cluster, job, trace, o)});
   }
   if (!a.timeline.empty()) {
@@ -162,7 +166,8 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--timeline", a->timeline, "write one JSON object per step to FILE");
   cmd->add_option("--plot", a->plot, "write an SVG plot of step latency per policy, transitions, failures and GPU pool to FILE");
   cmd->add_option("--perfetto", a->perfetto, "write a Perfetto timeline (steps, transitions, failures, decisions) to FILE");
-  cmd->add_flag("--json", a->json, "print one JSON object");
+  cmd->add_flag("--json", a->json, "print one JSON object (per policy); no progress line");
+  cmd->add_flag("--quiet", a->quiet, "no progress line on the terminal");
   cmd->callback([a] { run_simulate(*a); });
 }
 

@@ -342,6 +342,7 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
     r.failure_seconds += rec.failure_seconds;
     previous = run;
     r.records.push_back(std::move(rec));
+    if (options.on_step) options.on_step(k + 1);
   }
   r.steps = static_cast<long>(trace.size());
   for (const StepRecord& s : r.records) r.total_seconds += s.seconds;

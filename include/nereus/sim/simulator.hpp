@@ -8,6 +8,7 @@
 // whose true memory exceeds a GPU or that needs a GPU outside the pool fails: it costs the
 // time until the failing stage, a restart, a checkpoint reload and the step again on a plan
 // that fits, and it never calibrates. Every policy is scored by this one loop.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct SimulationOptions {
   /// Transitions run beside the steps as the job runtime runs them (true), or all at step
   /// boundaries with nothing hidden, as the paper measured them (false).
   bool overlap = true;
+  /// Called after each step with the number of steps done (progress displays).
+  std::function<void(std::size_t)> on_step;
 };
 
 /// One step of the run.
