@@ -165,14 +165,21 @@ for t in ["sm-cs", "cm-ss", "cm-cs"]:
         check(key in j, f"coordination {t} JSON has {key}")
     check(j.get("succeeded") == 3 and j.get("deadlocks") == 0 and j.get("cap_violations") == 0 and j.get("verified") == 3,
           f"coordination {t}: all trials reach the new plan, verified ({err.strip()})")
-rc, out, err = run("bench", "overlap", "--smoke", "--repeat", "1", "--json")
+overlap_trace = os.path.join(tempfile.mkdtemp(), "overlap.json")
+rc, out, err = run("bench", "overlap", "--smoke", "--repeat", "1", "--json", "--perfetto", overlap_trace)
 j = json.loads(out) if rc == 0 and out else {}
+if rc == 0:  # the stage and the transition's nodes side by side, per case
+    xs = check_perfetto(overlap_trace, 2)
+    for pid in (1, 2):
+        names = {e["name"].split()[0] for e in xs if e["pid"] == pid}
+        check({"actor/train", "transition"} <= names and len(names) > 2, f"overlap perfetto, case {pid}: stage, transition, nodes ({names})")
 check(j.get("verified") is True and "exposed_ratio" in j and j.get("cap_violations") == 0, f"overlap smoke ({err.strip()})")
 sh = j.get("shared", {})
 check(sh.get("verified") is True and "exposed_ratio" in sh and sh.get("cap_violations") == 0,
       f"overlap smoke, stage work and transfers on shared devices ({err.strip()})")
 rc, _, err = run("bench", "coordination", "--type", "xx")
 check(rc != 0 and "--type" in err, "an unknown coordination type is refused")
+
 
 def png_pixels(path):
     """The raw scanlines of a PNG (filter bytes included): enough to tell a blank picture."""

@@ -25,6 +25,7 @@ struct OverlapConfig {
   double stage_seconds = 0;  ///< CPU work of the running stage; 0: about twice the transition
   bool json = false;
   bool smoke = false;        ///< tiny models: checks it works, figures mean little
+  std::string perfetto;      ///< write the last "together" run of each case as a Perfetto timeline
 };
 
 int run_coordination_bench(const CoordinationConfig& c);

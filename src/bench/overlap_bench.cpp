@@ -14,12 +14,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <fstream>
 #include <boost/asio/thread_pool.hpp>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "job_bench.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/trace_events.hpp"
 #include "nereus/core/fill.hpp"
 #include "nereus/runtime/job.hpp"
 
@@ -81,7 +83,7 @@ namespace {
 
 /// One case: the transition from `from` to `to` alone, the stage alone, both together.
 nlohmann::json measure(const OverlapConfig& c, const JobSpec& spec, const GlobalPlan& from, const GlobalPlan& to,
-                       asio::thread_pool& cpu) {
+                       asio::thread_pool& cpu, TraceEvents& trace, int pid) {
   asio::io_context io;
   JobOptions o;
   o.devices = 8;
@@ -144,9 +146,19 @@ nlohmann::json measure(const OverlapConfig& c, const JobSpec& spec, const Global
       const auto t0 = clock::now();
       TransitionHandle h = job.begin_transition(to);
       co_await job.run_stage("actor/train", stage);
+      const double stage_end = seconds_since(t0);
       const TransitionReport r = co_await h.wait();
       both.push_back(seconds_since(t0));
       if (!r.completed) throw Error("transition failed: " + r.error);
+      if (rep + 1 == c.repeat) {  // the picture: the stage, the transition and its nodes per device
+        trace.complete(pid, "stage actor/train (devices 0-3)", "actor/train", 0, stage_end);
+        trace.complete(pid, "transition", "transition", 0, r.seconds,
+                       {{"copied_bytes", r.copied_bytes}, {"exposed_seconds", std::max(0.0, both.back() - stage_end)}});
+        for (const NodeRun& n : r.nodes)
+          for (DeviceId d : n.devices)
+            trace.complete(pid, "device " + std::to_string(d), std::string(to_string(n.kind)) + " " + n.unit, n.start, n.end - n.start,
+                           {{"bytes", n.bytes}, {"unit", n.unit}});
+      }
       co_await job.end_step();
       co_await job.transition(from);
     }());
@@ -174,8 +186,16 @@ int run_overlap_bench(const OverlapConfig& c) {
   const GlobalPlan from = load_global_plan(spec, kFrom);
   asio::thread_pool cpu(1);  // where the stage's CPU work runs, off the event loop
   // The disjoint case's figures at the top level, the shared case's under "shared".
-  nlohmann::json out = measure(c, spec, from, load_global_plan(spec, kTo), cpu);
-  out["shared"] = measure(c, spec, from, load_global_plan(spec, kToShared), cpu);
+  TraceEvents trace;
+  trace.process(1, "disjoint devices");
+  trace.process(2, "shared devices");
+  nlohmann::json out = measure(c, spec, from, load_global_plan(spec, kTo), cpu, trace, 1);
+  out["shared"] = measure(c, spec, from, load_global_plan(spec, kToShared), cpu, trace, 2);
+  if (!c.perfetto.empty()) {
+    std::ofstream file(c.perfetto);
+    file << trace.dump();
+    if (!file) throw Error("--perfetto: cannot write '" + c.perfetto + "'");
+  }
   out["repeat"] = c.repeat;
   out["smoke"] = c.smoke;
   cpu.join();

@@ -75,6 +75,7 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
       ->check(CLI::NonNegativeNumber);
   o->add_flag("--smoke", ov->smoke, "tiny models: checks that it works; the figures mean little");
   o->add_flag("--json", ov->json, "print one JSON object");
+  o->add_option("--perfetto", ov->perfetto, "write each case's last run of both together as a Perfetto timeline to FILE");
   o->callback([ov] {
     const int rc = bench::run_overlap_bench(*ov);
     if (rc != 0) throw CLI::RuntimeError(rc);
