@@ -7,6 +7,7 @@
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
 #include "nereus/base/progress.hpp"
+#include "nereus/base/svg.hpp"
 #include "nereus/base/trace_events.hpp"
 #include "nereus/base/status.hpp"
 #include "nereus/cluster/auth.hpp"

@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import check, check_perfetto, finish  # noqa: E402
+from harness import check, check_perfetto, check_plot, finish  # noqa: E402
 from shards import check_dump  # noqa: E402
 
 NEREUS = sys.argv[1]
@@ -27,8 +27,11 @@ def bench(*args, timeout=240):
 with tempfile.TemporaryDirectory() as d:
     for extra in [[], ["--transport", "ucx", "--procs", "2"]]:
         path = os.path.join(d, "t.json")
+        svg = os.path.join(d, "links.svg")
         rc, j, err = bench("--model", "tiny-llama", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=1,dp=2", "--repeat", "1",
-                           "--perfetto", path, *extra)
+                           "--perfetto", path, "--plot", svg, *extra)
+        if rc == 0:
+            check_plot(svg, [" → "])
         check(rc == 0 and os.path.exists(path), f"bench transition --perfetto {extra} ({err.strip()[-200:]})")
         if rc == 0:
             xs = check_perfetto(path, 2)

@@ -3,18 +3,15 @@
 clear error (non-zero exit, no crash) for each kind of bad input."""
 import json
 import pty
-import re
 import select
-import shutil
 import os
 import struct
 import subprocess
 import sys
 import tempfile
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import check, check_perfetto, finish  # noqa: E402
+from harness import check, check_perfetto, check_plot, finish  # noqa: E402
 
 NEREUS = sys.argv[1]
 
@@ -179,38 +176,6 @@ check(sh.get("verified") is True and "exposed_ratio" in sh and sh.get("cap_viola
       f"overlap smoke, stage work and transfers on shared devices ({err.strip()})")
 rc, _, err = run("bench", "coordination", "--type", "xx")
 check(rc != 0 and "--type" in err, "an unknown coordination type is refused")
-
-
-def png_pixels(path):
-    """The raw scanlines of a PNG (filter bytes included): enough to tell a blank picture."""
-    data = open(path, "rb").read()
-    pos, idat = 8, b""
-    while pos < len(data):
-        length = int.from_bytes(data[pos:pos + 4], "big")
-        kind = data[pos + 4:pos + 8]
-        if kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    return zlib.decompress(idat)
-
-
-def check_plot(svg, labels):
-    """An SVG plot: its title lines fit, its labels are there, and rasterised it is not blank."""
-    text = open(svg).read()
-    titles = re.findall(r'font-size="15">([^<]*)<', text)
-    check(titles and all(len(t) <= 110 for t in titles), f"the plot's title fits its width ({titles})")
-    for label in labels:
-        check(label in text, f"the plot's legend names {label}")
-    if shutil.which("rsvg-convert") is None:
-        print("cli: rsvg-convert not installed (librsvg2-bin): the plot is not rasterised")
-        return
-    png = svg + ".png"
-    r = subprocess.run(["rsvg-convert", "-o", png, svg], capture_output=True, text=True)
-    check(r.returncode == 0, f"rsvg-convert renders the plot ({r.stderr.strip()})")
-    if r.returncode == 0:
-        pixels = png_pixels(png)
-        ink = sum(1 for b in pixels[::7] if b < 200)
-        check(ink > len(pixels[::7]) // 200, f"the rendered plot is not blank ({ink} dark samples of {len(pixels[::7])})")
 
 
 # Controller front ends: search and simulate (short runs; the figures are in docs/controller.md).

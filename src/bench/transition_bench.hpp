@@ -22,6 +22,7 @@ struct TransitionConfig : ReshardSpec {
   bool verify = false;
   std::string dump_dir;
   std::string perfetto;  ///< write the last run's transfers as a Perfetto timeline here
+  std::string plot;      ///< write the last run's bandwidth per link over time as SVG here
   bool json = false;
   bool quiet = false;  ///< no progress line (also with json)
   double timeout_seconds = 300;
@@ -43,11 +44,14 @@ double memcpy_gbps(unsigned threads);
 /// A run's transfers as JSON, [[src, dst, bytes, start, end], ...] (seconds from the run's
 /// start), as they travel from worker processes to the parent.
 json timings_json(const std::vector<TransferTiming>& timings);
-/// Writes the last run's transfers as a Perfetto timeline: a track per destination device
-/// and one per link (source → destination), each transfer with its bytes, transport and
-/// the reshard it belongs to. `timings`: per process (rank → timings_json); the processes'
-/// clocks are taken as aligned at the run's start (the parent starts them together).
-void write_transfer_trace(const TransitionConfig& c, const std::map<int, json>& timings);
+/// Whether the last run's transfers are wanted (--perfetto or --plot).
+inline bool wants_timings(const TransitionConfig& c) { return !c.perfetto.empty() || !c.plot.empty(); }
+/// Writes the last run's transfers where the flags ask. --perfetto: a Perfetto timeline, a
+/// track per destination device and one per link (source → destination), each transfer
+/// with its bytes, transport and the reshard it belongs to. --plot: an SVG of each link's
+/// GB/s over the run. `timings`: per process (rank → timings_json); the processes' clocks
+/// are taken as aligned at the run's start (the parent starts them together).
+void write_transfer_outputs(const TransitionConfig& c, const std::map<int, json>& timings);
 /// Prints the result (JSON or a readable summary); returns the exit code.
 int report(const TransitionConfig& c, const Prepared& p, nlohmann::json result);
 

@@ -10,6 +10,7 @@
 
 #include "nereus/base/error.hpp"
 #include "nereus/core/bytes.hpp"
+#include "nereus/base/svg.hpp"
 #include "nereus/base/trace_events.hpp"
 #include "transition_bench.hpp"
 
@@ -21,25 +22,121 @@ json timings_json(const std::vector<TransferTiming>& timings) {
   return out;
 }
 
-void write_transfer_trace(const TransitionConfig& c, const std::map<int, json>& timings) {
+namespace {
+
+struct Moved {
+  int src, dst;
+  std::uint64_t bytes;
+  double start, end;
+};
+
+std::vector<Moved> moved_of(const std::map<int, json>& timings, std::vector<int>* process = nullptr) {
+  std::vector<Moved> out;
+  for (const auto& [rank, list] : timings)
+    for (const json& t : list) {
+      out.push_back({t[0].get<int>(), t[1].get<int>(), t[2].get<std::uint64_t>(), t[3].get<double>(), t[4].get<double>()});
+      if (process) process->push_back(rank);
+    }
+  return out;
+}
+
+void write_text(const std::string& path, const std::string& text, const char* flag) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) throw Error(std::string(flag) + ": cannot write '" + path + "'");
+}
+
+std::string transfer_trace(const TransitionConfig& c, const std::map<int, json>& timings) {
   TraceEvents trace;
   trace.process(1, "devices (receiving)");
   trace.process(2, "links");
   const std::string reshard = c.model + " " + c.from + " -> " + c.to;
-  for (const auto& [rank, list] : timings)
-    for (const json& t : list) {
-      const auto src = t[0].get<int>(), dst = t[1].get<int>();
-      const auto bytes = t[2].get<std::uint64_t>();
-      const double start = t[3].get<double>(), end = t[4].get<double>();
-      const std::string transport = src == dst ? "local copy" : c.transport == "ucx" ? "ucx" : "local";
-      const json args = {{"bytes", bytes}, {"transport", transport}, {"src", src}, {"dst", dst}, {"process", rank}, {"reshard", reshard}};
-      const std::string name = human_bytes(bytes) + " " + std::to_string(src) + " → " + std::to_string(dst);
-      trace.complete(1, "device " + std::to_string(dst), name, start, end - start, args);
-      trace.complete(2, std::to_string(src) + " → " + std::to_string(dst), name, start, end - start, args);
+  std::vector<int> process;
+  const std::vector<Moved> moved = moved_of(timings, &process);
+  for (std::size_t i = 0; i < moved.size(); ++i) {
+    const Moved& m = moved[i];
+    const std::string transport = m.src == m.dst ? "local copy" : c.transport == "ucx" ? "ucx" : "local";
+    const json args = {{"bytes", m.bytes}, {"transport", transport}, {"src", m.src}, {"dst", m.dst}, {"process", process[i]}, {"reshard", reshard}};
+    const std::string name = human_bytes(m.bytes) + " " + std::to_string(m.src) + " → " + std::to_string(m.dst);
+    trace.complete(1, "device " + std::to_string(m.dst), name, m.start, m.end - m.start, args);
+    trace.complete(2, std::to_string(m.src) + " → " + std::to_string(m.dst), name, m.start, m.end - m.start, args);
+  }
+  return trace.dump();
+}
+
+/// Each link's GB/s over the run (transfers spread evenly over their span, 60 bins), the
+/// busiest links as lines, the rest summed into one.
+std::string link_plot(const TransitionConfig& c, const std::map<int, json>& timings) {
+  const std::vector<Moved> moved = moved_of(timings);
+  double end = 0;
+  std::map<std::pair<int, int>, std::uint64_t> per_link;
+  for (const Moved& m : moved)
+    if (m.src != m.dst) end = std::max(end, m.end), per_link[{m.src, m.dst}] += m.bytes;
+  std::vector<std::pair<std::uint64_t, std::pair<int, int>>> order;
+  for (const auto& [link, bytes] : per_link) order.push_back({bytes, link});
+  std::sort(order.rbegin(), order.rend());
+  const std::size_t shown = std::min<std::size_t>(order.size(), 8);
+  std::map<std::pair<int, int>, std::size_t> series;
+  for (std::size_t i = 0; i < order.size(); ++i) series[order[i].second] = std::min(i, shown);
+  const std::size_t bins = 60, lines = shown + (order.size() > shown ? 1 : 0);
+  const double width = end > 0 ? end / bins : 1;
+  std::vector<std::vector<double>> rate(lines, std::vector<double>(bins, 0));
+  for (const Moved& m : moved) {
+    if (m.src == m.dst) continue;
+    const double span = std::max(1e-9, m.end - m.start);
+    for (std::size_t b = 0; b < bins; ++b) {
+      const double lo = b * width, hi = lo + width;
+      const double overlap = std::max(0.0, std::min(hi, m.end) - std::max(lo, m.start));
+      rate[series[{m.src, m.dst}]][b] += static_cast<double>(m.bytes) * overlap / span / width / 1e9;
     }
-  std::ofstream out(c.perfetto);
-  out << trace.dump();
-  if (!out) throw Error("--perfetto: cannot write '" + c.perfetto + "'");
+  }
+  double ymax = 1e-9;
+  for (const auto& r : rate) ymax = std::max(ymax, *std::max_element(r.begin(), r.end()));
+  ymax *= 1.1;
+  const double W = 960, left = 70, right = 30, pw = W - left - right;
+  const std::vector<std::string> heading =
+      svg::fit_title("bench transition · " + c.model + " · " + c.from + " → " + c.to + " · " + c.transport + " · " +
+                         std::to_string(c.procs) + (c.procs == 1 ? " process" : " processes"),
+                     static_cast<std::size_t>(pw / 8.3));
+  const double legend_top = 22.0 + 20.0 * static_cast<double>(heading.size());
+  const double top = legend_top + 18.0 * static_cast<double>((lines + 3) / 4) + 8, ph = 300, H = top + ph + 50;
+  auto x = [&](double t) { return left + pw * t / std::max(1e-9, end); };
+  auto y = [&](double v) { return top + ph * (1 - v / ymax); };
+  std::string out = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"{}\" height=\"{}\" fill=\"white\"/>\n",
+      W, H, W, H);
+  for (std::size_t i = 0; i < heading.size(); ++i)
+    out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"15\">{}</text>\n", left, 22 + 20 * i, svg::escape(heading[i]));
+  for (std::size_t k = 0; k < lines; ++k) {
+    const std::string name = k < shown ? fmt::format("{} → {}: {}", order[k].second.first, order[k].second.second, human_bytes(order[k].first))
+                                       : fmt::format("{} other links", order.size() - shown);
+    const double lx = left + pw / 4 * static_cast<double>(k % 4), ly = legend_top + 18 * static_cast<double>(k / 4);
+    out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"4\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n", lx, ly - 4,
+                       svg::colour(k), lx + 20, ly, svg::escape(svg::clip(name, 30)));
+  }
+  out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", left, top, pw, ph);
+  for (int k = 0; k <= 4; ++k) {
+    out += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.3g}</text>\n", left - 6, y(ymax * k / 4) + 4, ymax * k / 4);
+    out += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.3g}</text>\n", x(end * k / 4), top + ph + 16, end * k / 4);
+  }
+  for (std::size_t k = 0; k < lines; ++k) {
+    std::string pts;
+    for (std::size_t b = 0; b < bins; ++b) pts += fmt::format("{:.1f},{:.1f} ", x((static_cast<double>(b) + 0.5) * width), y(rate[k][b]));
+    out += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.4\" points=\"{}\"/>\n", svg::colour(k), pts);
+  }
+  out += fmt::format(
+      "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">seconds from the run's start</text>"
+      "<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">GB/s per link</text>\n",
+      left + pw / 2, H - 14, top + ph / 2, top + ph / 2);
+  return out + "</svg>\n";
+}
+
+}  // namespace
+
+void write_transfer_outputs(const TransitionConfig& c, const std::map<int, json>& timings) {
+  if (!c.perfetto.empty()) write_text(c.perfetto, transfer_trace(c, timings), "--perfetto");
+  if (!c.plot.empty()) write_text(c.plot, link_plot(c, timings), "--plot");
 }
 
 Prepared prepare(const TransitionConfig& c) {

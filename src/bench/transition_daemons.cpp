@@ -14,7 +14,8 @@ int run_on_daemons(const TransitionConfig& in) {
   using namespace nereus::cluster;
   TransitionConfig c = in;
   if (c.procs != 1) throw Error("--procs and --daemons exclude each other (the daemons' nodes are the processes)");
-  if (!c.perfetto.empty()) throw Error("--perfetto is not available with --daemons yet (the daemons' report has per-link totals, not transfers)");
+  if (wants_timings(c))
+    throw Error("--perfetto and --plot are not available with --daemons yet (the daemons' report has per-link totals, not transfers)");
   c.transport = "ucx";
   const Prepared p = prepare(c);  // bad layouts fail here, before any daemon is asked
   const Endpoint at = parse_endpoint(c.daemons, "--daemons");

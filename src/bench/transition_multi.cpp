@@ -143,7 +143,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
       if (m.contains("timings")) timings[r] = m["timings"];
     }
     last_done = {{"link_bytes", link}, {"local_bytes", local}};
-    if (!c.perfetto.empty() && error.empty() && i + 1 == c.repeat) write_transfer_trace(c, timings);
+    if (wants_timings(c) && error.empty() && i + 1 == c.repeat) write_transfer_outputs(c, timings);
     progress.update(i + 1);
   }
   progress.finish();

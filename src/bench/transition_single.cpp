@@ -70,7 +70,7 @@ int run_single_process(const TransitionConfig& c) {
     progress.update(r + 1);
   }
   progress.finish();
-  if (!c.perfetto.empty()) write_transfer_trace(c, {{0, timings_json(last.timings)}});
+  if (wants_timings(c)) write_transfer_outputs(c, {{0, timings_json(last.timings)}});
   nlohmann::json out = run_figures(p, secs, last.link_bytes + last.local_bytes);
   const double copied = static_cast<double>(last.link_bytes + last.local_bytes);
   const double median = out["seconds_median"];

@@ -74,7 +74,7 @@ asio::awaitable<void> serve(const TransitionConfig& c, asio::io_context& io, Soc
                                {"transfers", r.report.timings.size()},
                                {"commits", r.report.commits.size()}}
                         : json{{"type", "failed"}, {"error", r.error}};
-        if (r.ok && !c.perfetto.empty()) msg["timings"] = timings_json(r.report.timings);
+        if (r.ok && wants_timings(c)) msg["timings"] = timings_json(r.report.timings);
         co_await send(control, msg);
       });
     } else if (t == "abort") {

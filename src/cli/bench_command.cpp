@@ -25,6 +25,7 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_flag("--verify", c->verify, "check every destination (and source) byte against the fill");
   t->add_option("--dump", c->dump_dir, "write destination shards and manifest.json to DIR");
   t->add_option("--perfetto", c->perfetto, "write the last run's transfers as a Perfetto timeline to FILE (per device, per link)");
+  t->add_option("--plot", c->plot, "write the last run's GB/s per link over time as an SVG to FILE");
   t->add_flag("--json", c->json, "print one JSON object; no progress line");
   t->add_flag("--quiet", c->quiet, "no progress line on the terminal");
   t->add_option("--capacity", c->capacity, "memory cap per device (e.g. 2GiB); default: what it holds");

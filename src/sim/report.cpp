@@ -6,45 +6,10 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "nereus/base/svg.hpp"
 #include "nereus/base/trace_events.hpp"
 
 namespace nereus {
-
-namespace {
-
-const char* const kColours[] = {"#236", "#d33", "#2a7", "#e80", "#85c", "#0aa", "#777"};
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) o += c == '<' ? std::string("&lt;") : c == '>' ? std::string("&gt;") : c == '&' ? std::string("&amp;") : std::string(1, c);
-  return o;
-}
-
-/// Characters of the UTF-8 text (not bytes), for fitting it to a width.
-std::size_t glyphs(const std::string& s) {
-  return static_cast<std::size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
-}
-
-/// The first `n` glyphs of `s`, with an ellipsis when it was longer.
-std::string clip(const std::string& s, std::size_t n) {
-  if (glyphs(s) <= n) return s;
-  std::size_t count = 0, i = 0;
-  for (; i < s.size(); ++i)
-    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && count++ == n - 1) break;
-  return s.substr(0, i) + "…";
-}
-
-/// The title on at most two lines of `width` glyphs: split at the last " · " that fits.
-std::vector<std::string> fit_title(const std::string& title, std::size_t width) {
-  if (glyphs(title) <= width) return {title};
-  std::size_t cut = std::string::npos;
-  for (std::size_t at = title.find(" · "); at != std::string::npos; at = title.find(" · ", at + 1))
-    if (glyphs(title.substr(0, at)) <= width) cut = at;
-  if (cut == std::string::npos) return {clip(title, width)};
-  return {title.substr(0, cut), clip(title.substr(cut + std::string(" · ").size()), width)};
-}
-
-}  // namespace
 
 std::string timeline_jsonl(const SimulationResult& r) {
   std::string out;
@@ -75,7 +40,7 @@ std::string timeline_jsonl(const SimulationResult& r) {
 std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& title) {
   const double W = 960, left = 70, right = 30;
   const double pw = W - left - right;
-  const std::vector<std::string> heading = fit_title(title, static_cast<std::size_t>(pw / 8.3));
+  const std::vector<std::string> heading = svg::fit_title(title, static_cast<std::size_t>(pw / 8.3));
   // Title lines, then a legend row per three policies, then the two panels.
   const double legend_top = 22.0 + 20.0 * static_cast<double>(heading.size());
   const double legend_rows = static_cast<double>((runs.size() + 1) / 2);
@@ -106,7 +71,7 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
   svg += buf;
   for (std::size_t i = 0; i < heading.size(); ++i) {
     std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" font-size=\"15\">%s</text>\n", left, 22.0 + 20.0 * static_cast<double>(i),
-                  esc(heading[i]).c_str());
+                  svg::escape(heading[i]).c_str());
     svg += buf;
   }
   for (std::size_t k = 0; k < runs.size(); ++k) {
@@ -117,7 +82,7 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
                   r.transitions, r.failed_steps);
     std::snprintf(buf, sizeof buf,
                   "<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"4\" fill=\"%s\"/><text x=\"%g\" y=\"%g\">%s</text>\n", lx, ly - 4,
-                  kColours[k % 7], lx + 20, ly, esc(clip(label, static_cast<std::size_t>(pw / 2 / 6.6) - 4)).c_str());
+                  svg::colour(k), lx + 20, ly, svg::escape(svg::clip(label, static_cast<std::size_t>(pw / 2 / 6.6) - 4)).c_str());
     svg += buf;
   }
   for (const auto& [t, h] : {std::pair{top, ph}, std::pair{pool_top, pool_h}}) {
@@ -143,7 +108,7 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
   }
   for (std::size_t k = 0; k < runs.size(); ++k) {
     const auto& rec = runs[k].result.records;
-    const char* colour = kColours[k % 7];
+    const char* colour = svg::colour(k);
     std::string pts;
     for (std::size_t i = 0; i < rec.size(); ++i) {
       std::snprintf(buf, sizeof buf, "%.1f,%.1f ", x(i), y(rec[i].seconds));
