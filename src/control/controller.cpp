@@ -170,7 +170,7 @@ double Controller::horizon(const std::vector<std::string>& signals, long step) {
   for (const std::string& x : signals) {
     auto last = last_cross_.find(x);
     if (last != last_cross_.end()) {
-      const double interval = static_cast<double>(step - last->second);
+      const double interval = std::max(1.0, static_cast<double>(step - last->second));  // two in one step: one step apart
       auto it = horizon_.find(x);
       horizon_[x] = it == horizon_.end() ? interval : (1 - options_.ema) * it->second + options_.ema * interval;
     }
@@ -285,7 +285,9 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     }
     return done(d);
   }
-  // S*, then slightly slower plans that keep a model-stage as it is (cheaper to reach).
+  // S*, then slightly slower plans that keep a model-stage as it is (cheaper to reach),
+  // and the current layouts with DP scaled to the pool (the cheapest change of all, which
+  // a plan out of reach must not leave untried).
   std::vector<std::pair<double, GlobalPlan>> options{{best.step_seconds, best.plan}};
   if (!invalid)
     for (std::size_t i = 0; i < best.plan.stages.size() && static_cast<int>(options.size()) <= options_.alternatives; ++i) {
@@ -294,6 +296,8 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
       const PlanEstimate e = estimate_plan(model_, job_, alt, w, options_.headroom);
       if (e.fits) options.emplace_back(e.step_seconds, alt);
     }
+  if (const GlobalPlan scaled = rescale(current, s.gpus); !uses_missing(scaled, s.gpus))
+    if (const PlanEstimate e = estimate_plan(model_, job_, scaled, w, options_.headroom); e.fits) options.emplace_back(e.step_seconds, scaled);
   std::stable_sort(options.begin(), options.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::string rejected;
   for (const auto& [predicted, plan] : options) {
