@@ -174,6 +174,12 @@ check(j.get("verified") is True and "exposed_ratio" in j and j.get("cap_violatio
 sh = j.get("shared", {})
 check(sh.get("verified") is True and "exposed_ratio" in sh and sh.get("cap_violations") == 0,
       f"overlap smoke, stage work and transfers on shared devices ({err.strip()})")
+coordination_trace = os.path.join(tempfile.mkdtemp(), "coordination.json")
+rc, out, err = run("bench", "coordination", "--type", "cm-cs", "--trials", "2", "--json", "--perfetto", coordination_trace)
+if rc == 0:  # each trial: its stages, the transition and its nodes on their devices
+    xs = check_perfetto(coordination_trace, 2)
+    names = {e["name"].split()[0] for e in xs}
+    check({"transition", "actor/train", "destroy"} <= names, f"coordination perfetto: stages, transition, nodes ({sorted(names)})")
 rc, _, err = run("bench", "coordination", "--type", "xx")
 check(rc != 0 and "--type" in err, "an unknown coordination type is refused")
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 
 #include "job_bench.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/trace_events.hpp"
 #include "nereus/plan/geometry.hpp"
 #include "nereus/runtime/job.hpp"
 #include "nereus/transport/chaos.hpp"
@@ -223,6 +225,7 @@ int run_coordination_bench(const CoordinationConfig& c) {
   std::uint64_t cap_violations = 0;
   std::vector<double> seconds;
   std::vector<std::string> failures;
+  TraceEvents trace;
   for (int trial = 0; trial < c.trials; ++trial) {
     const Trial t = draw_trial(job, c, draw);
     uncoordinated += t.uncoordinated;
@@ -250,21 +253,40 @@ int run_coordination_bench(const CoordinationConfig& c) {
       timer.expires_after(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
       co_await timer.async_wait(asio::use_awaitable);
     };
+    // The trial's picture: every stage run, the transition and its nodes on their devices.
+    const bool traced = !c.perfetto.empty() && trial < 20;
+    const int pid = trial + 1;
+    if (traced) trace.process(pid, fmt::format("trial {}", trial));
+    const auto t0 = std::chrono::steady_clock::now();
+    double began = 0;
+    auto since = [&t0] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    auto stage = [&](const std::string& name, int step) -> asio::awaitable<void> {
+      const double start = since();
+      co_await j.run_stage(name, nap);
+      if (traced) trace.complete(pid, "stage " + name, fmt::format("{} (step {})", name, step), start, since() - start);
+    };
     const bool finished = drive(io, [&]() -> asio::awaitable<void> {
       TransitionHandle h;
       int k = 0;
       for (const auto& phase : job.phases())
         for (const ModelStage& s : phase) {
-          if (k++ == begin_at) h = j.begin_transition(t.to);
-          co_await j.run_stage(s.name(), nap);
+          if (k++ == begin_at) began = since(), h = j.begin_transition(t.to);
+          co_await stage(s.name(), 1);
         }
-      if (!h.valid()) h = j.begin_transition(t.to);
+      if (!h.valid()) began = since(), h = j.begin_transition(t.to);
       co_await j.end_step();
       for (const auto& phase : job.phases())
-        for (const ModelStage& s : phase) co_await j.run_stage(s.name(), nap);
+        for (const ModelStage& s : phase) co_await stage(s.name(), 2);
       co_await j.end_step();
       report = co_await h.wait();
     }(), std::chrono::duration<double>(c.timeout_seconds), failure);
+    if (traced && finished) {
+      trace.complete(pid, "transition", "transition", began, report.seconds, {{"copied_bytes", report.copied_bytes}});
+      for (const NodeRun& n : report.nodes)
+        for (DeviceId d : n.devices)
+          trace.complete(pid, "device " + std::to_string(d), std::string(to_string(n.kind)) + " " + n.unit, began + n.start,
+                         n.end - n.start, {{"bytes", n.bytes}, {"unit", n.unit}});
+    }
     if (!finished) {
       ++deadlocks;
       // A stuck trial cannot be torn down safely (its coroutines still hold the units):
@@ -295,6 +317,11 @@ int run_coordination_bench(const CoordinationConfig& c) {
                                                           : !v.ok               ? v.first_error
                                                                                 : std::string("not on the new plan")));
     }
+  }
+  if (!c.perfetto.empty()) {
+    std::ofstream file(c.perfetto);
+    file << trace.dump();
+    if (!file) throw Error("--perfetto: cannot write '" + c.perfetto + "'");
   }
   std::sort(seconds.begin(), seconds.end());
   const double median = seconds.empty() ? 0 : seconds[seconds.size() / 2];

@@ -18,6 +18,7 @@ struct CoordinationConfig {
   double slack = 0.02;          ///< capacity above the smallest that admits the transition
   double timeout_seconds = 30;  ///< a trial still running after this counts as a deadlock
   bool json = false;
+  std::string perfetto;         ///< write the first 20 trials as a Perfetto timeline (a process each)
 };
 
 struct OverlapConfig {

@@ -62,6 +62,7 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
       ->check(CLI::Range(0.0, 10.0));
   co->add_option("--timeout", k->timeout_seconds, "seconds before a trial counts as deadlocked (default 30)")
       ->check(CLI::PositiveNumber);
+  co->add_option("--perfetto", k->perfetto, "write the first 20 trials as a Perfetto timeline to FILE (stages, transition, nodes)");
   co->add_flag("--json", k->json, "print one JSON object");
   co->callback([k] {
     const int rc = bench::run_coordination_bench(*k);
