@@ -9,9 +9,10 @@
 // feasible transition; otherwise ΔL > 0 and L_tran / ΔL ≤ γ·H_x, with H_x the moving
 // average of steps between crossings of the triggering signal (1 before the first
 // interval; the smallest H_x when several trigger). When S* cannot be reached, slightly
-// slower candidates that keep more of the current plan are tried; when one of them is
-// admitted (more than δ/3 slower than S*), the next step replans once more ("retry") from
-// the plan it reached, over the same horizon.
+// slower candidates that keep more of the current plan are tried — S* with one model-stage
+// kept, and the current layouts with DP scaled to the pool; when one of them is admitted
+// (more than δ/3 slower than S*), the next step replans once more ("retry") from the plan
+// it reached, over the same horizon.
 #include <cstdint>
 #include <deque>
 #include <map>
