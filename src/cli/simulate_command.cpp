@@ -121,20 +121,8 @@ void run_simulate(const SimulateArgs& a) {
     runs.push_back({policy, simulate(cluster, job, trace, o)});
   }
   if (!a.timeline.empty()) {
-    std::string text;
-    for (const PolicyRun& run : runs) {
-      const std::string lines = timeline_jsonl(run.result);
-      if (runs.size() == 1) {
-        text = lines;
-        break;
-      }
-      // Several policies: each line names its own.
-      for (std::size_t pos = 0; pos < lines.size();) {
-        const std::size_t end = lines.find('\n', pos);
-        text += "{\"policy\":" + nlohmann::json(run.policy).dump() + "," + lines.substr(pos + 1, end - pos);
-        pos = end + 1;
-      }
-    }
+    std::string text;  // with several policies, each line names its own
+    for (const PolicyRun& run : runs) text += timeline_jsonl(run.result, runs.size() > 1 ? run.policy : "");
     write_file(a.timeline, text, "--timeline");
   }
   if (!a.plot.empty())

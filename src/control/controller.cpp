@@ -186,7 +186,8 @@ Decision Controller::step(const GlobalPlan& current, const StepObservation& o) {
   if (o.response_len_mean > 0) ran.response_len_mean = o.response_len_mean;
   if (o.response_len_p95 > 0) ran.response_len_p95 = o.response_len_p95;
   const Workload w = workload(ran);
-  if (!started_) {
+  const bool first = !started_;
+  if (first) {
     reference_ = ran;
     reference_.gpus = o.next.gpus;
     started_ = true;
@@ -204,6 +205,10 @@ Decision Controller::step(const GlobalPlan& current, const StepObservation& o) {
     if (seconds > 0) measure(*it, candidate_of(*spec), w, seconds);
   }
   if (o.peak_bytes > 0) measure_memory(estimate_plan(model_, job_, current, w, options_.headroom).peak_memory_bytes, o.peak_bytes);
+  if (first) {  // the reference the `model` trigger measures drift against, as initial() sets it
+    const PlanEstimate e = estimate_plan(model_, job_, current, w, options_.headroom);
+    reference_seconds_ = e.fits ? e.step_seconds : 0;
+  }
   return decide(o.next, current);
 }
 

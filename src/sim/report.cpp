@@ -11,7 +11,7 @@
 
 namespace nereus {
 
-std::string timeline_jsonl(const SimulationResult& r) {
+std::string timeline_jsonl(const SimulationResult& r, const std::string& policy) {
   std::string out;
   for (const StepRecord& s : r.records) {
     nlohmann::json j = {{"step", s.step},
@@ -32,6 +32,7 @@ std::string timeline_jsonl(const SimulationResult& r) {
     }
     if (!s.trigger.empty()) j["trigger"] = s.trigger;
     if (!s.decision.empty()) j["decision"] = s.decision;
+    if (!policy.empty()) j["policy"] = policy;
     out += j.dump() + "\n";
   }
   return out;
@@ -63,16 +64,16 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
   auto y = [&](double v) { return top + ph * (1 - std::min(v, ymax) / ymax); };
   auto yg = [&](double g) { return pool_top + pool_h * (1 - g / (gmax * 1.1)); };
   char buf[512];
-  std::string svg;
+  std::string out;
   std::snprintf(buf, sizeof buf,
                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" font-family=\"sans-serif\" font-size=\"12\">\n"
                 "<rect width=\"%g\" height=\"%g\" fill=\"white\"/>\n",
                 W, H, W, H);
-  svg += buf;
+  out += buf;
   for (std::size_t i = 0; i < heading.size(); ++i) {
     std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" font-size=\"15\">%s</text>\n", left, 22.0 + 20.0 * static_cast<double>(i),
                   svg::escape(heading[i]).c_str());
-    svg += buf;
+    out += buf;
   }
   for (std::size_t k = 0; k < runs.size(); ++k) {
     const SimulationResult& r = runs[k].result;
@@ -83,28 +84,28 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
     std::snprintf(buf, sizeof buf,
                   "<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"4\" fill=\"%s\"/><text x=\"%g\" y=\"%g\">%s</text>\n", lx, ly - 4,
                   svg::colour(k), lx + 20, ly, svg::escape(svg::clip(label, static_cast<std::size_t>(pw / 2 / 6.6) - 4)).c_str());
-    svg += buf;
+    out += buf;
   }
   for (const auto& [t, h] : {std::pair{top, ph}, std::pair{pool_top, pool_h}}) {
     std::snprintf(buf, sizeof buf, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#888\"/>\n", left, t, pw, h);
-    svg += buf;
+    out += buf;
   }
   for (int k = 0; k <= 4; ++k) {
     const double v = ymax * k / 4;
     std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%.3g</text>\n", left - 6, y(v) + 4, v);
-    svg += buf;
+    out += buf;
   }
   for (int k = 0; k <= 4 && steps > 0; ++k) {  // step numbers under the pool panel
     const std::size_t i = static_cast<std::size_t>(n * k / 4);
     const auto& rec = runs.front().result.records;
     std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%ld</text>\n", x(i), pool_top + pool_h + 16,
                   i < rec.size() ? rec[i].step : static_cast<long>(i));
-    svg += buf;
+    out += buf;
   }
   for (int k = 0; k <= 2; ++k) {
     const double g = gmax * 1.1 * k / 2;
     std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%d</text>\n", left - 6, yg(g) + 4, static_cast<int>(g));
-    svg += buf;
+    out += buf;
   }
   for (std::size_t k = 0; k < runs.size(); ++k) {
     const auto& rec = runs[k].result.records;
@@ -114,17 +115,17 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
       std::snprintf(buf, sizeof buf, "%.1f,%.1f ", x(i), y(rec[i].seconds));
       pts += buf;
     }
-    svg += "<polyline fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"1.2\" points=\"" + pts + "\"/>\n";
+    out += "<polyline fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"1.2\" points=\"" + pts + "\"/>\n";
     for (std::size_t i = 0; i < rec.size(); ++i) {
       if (rec[i].transition_seconds > 0) {  // a tick per transition, one row per policy
         const double base = top + ph - 2 - 7 * static_cast<double>(k);
         std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n", x(i), base, x(i), base - 6,
                       colour);
-        svg += buf;
+        out += buf;
       }
       if (rec[i].failed) {
         std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", x(i), y(rec[i].seconds), colour);
-        svg += buf;
+        out += buf;
       }
     }
   }
@@ -135,7 +136,7 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
       std::snprintf(buf, sizeof buf, "%.1f,%.1f ", x(i), yg(rec[i].gpus));
       pts += buf;
     }
-    svg += "<polyline fill=\"none\" stroke=\"#2a7\" stroke-width=\"1.2\" points=\"" + pts + "\"/>\n";
+    out += "<polyline fill=\"none\" stroke=\"#2a7\" stroke-width=\"1.2\" points=\"" + pts + "\"/>\n";
   }
   std::snprintf(buf, sizeof buf,
                 "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">step</text>"
@@ -144,8 +145,8 @@ std::string plot_svg(const std::vector<PolicyRun>& runs, const std::string& titl
                 "<text x=\"%g\" y=\"%g\" fill=\"#555\">ticks: transitions; dots: failed steps</text>\n",
                 left + pw / 2, H - 6, 16.0, top + ph / 2, 16.0, top + ph / 2, 16.0, pool_top + pool_h / 2, 16.0, pool_top + pool_h / 2,
                 left, top + ph + 22);
-  svg += buf;
-  return svg + "</svg>\n";
+  out += buf;
+  return out + "</svg>\n";
 }
 
 std::string perfetto_json(const std::vector<PolicyRun>& runs) {

@@ -79,6 +79,17 @@ double second_over_first(double mean, double p95) {
 
 }  // namespace
 
+double expected_max_length(double mean, double p95, double n);
+
+namespace {
+/// Prompt plus the longest response of the whole batch, within the job's cap: what the
+/// largest activations and the one sequence the KV cache must hold are sized by.
+double longest_sequence(const TruthLoad& w) {
+  const double cap = w.max_response > 0 ? w.max_response : 1e18;
+  return w.prompt_len + std::min(cap, expected_max_length(w.response_mean, w.response_p95, double(w.sequences)));
+}
+}  // namespace
+
 double expected_max_length(double mean, double p95, double n) {
   const double s = lognormal_sigma(mean, p95);
   if (s == 0 || n <= 1) return mean;
@@ -146,8 +157,7 @@ TruthStage GroundTruth::memory(const ModelConfig& m, StageKind kind, const Truth
   TruthStage out;
   out.resident = std::uint64_t(d.busiest_params(t, l.pp) * (kind == StageKind::train ? kAdamBytes : 2.0));
   const double B = std::ceil(double(w.sequences) / l.dp);
-  const double longest = w.prompt_len + std::min(w.max_response > 0 ? w.max_response : 1e18,
-                                                  expected_max_length(w.response_mean, w.response_p95, double(w.sequences)));
+  const double longest = longest_sequence(w);
   const double layers = d.layers_per_stage(l.pp);
   const double logits = longest * d.head_rows(t) * 4.0;  // fp32 logits of one micro-batch
   double working = 0;
@@ -182,9 +192,7 @@ TruthStage GroundTruth::memory(const ModelConfig& m, StageKind kind, const Truth
 std::int64_t GroundTruth::concurrency(const ModelConfig& m, const TruthLayout& l, const TruthLoad& w, std::uint64_t kv_pool) const {
   const TruthStage s = memory(m, StageKind::generate, l, w);
   const double per_token = double(s.kv_bytes_per_token);
-  const double longest = w.prompt_len + std::min(w.max_response > 0 ? w.max_response : 1e18,
-                                                  expected_max_length(w.response_mean, w.response_p95, double(w.sequences)));
-  if (double(kv_pool) < per_token * longest) return 0;
+  if (double(kv_pool) < per_token * longest_sequence(w)) return 0;
   // A running sequence sits at a uniformly random point of its life: P + E[R²]/(2E[R]).
   const double ctx = w.prompt_len + second_over_first(w.response_mean, w.response_p95) / 2 + kBlockTokens / 2;
   const double B = std::ceil(double(w.sequences) / l.dp);

@@ -14,8 +14,8 @@ struct PolicyRun {
   SimulationResult result;
 };
 
-/// One JSON object per step.
-std::string timeline_jsonl(const SimulationResult& r);
+/// One JSON object per step; with `policy`, each names it.
+std::string timeline_jsonl(const SimulationResult& r, const std::string& policy = "");
 
 /// Step latency of every run over steps on one chart (transitions as ticks, failed steps as
 /// dots, a line per policy), the GPU pool in a panel beneath; the title is shortened to fit.
