@@ -13,11 +13,17 @@
 
 namespace testcase {
 
-/// A tiny qwen3 (q_norm/k_norm) and a llama with attention biases, for coverage the
-/// shared tiny models lack.
+/// A tiny qwen3 (q_norm/k_norm), a llama with attention biases, and a qwen3_moe whose
+/// experts (5) and Ie (30) divide unevenly, with every second layer sparse and biases, for
+/// coverage the shared tiny models lack.
 inline std::shared_ptr<const nereus::ModelSpec> synthetic(const std::string& name) {
   std::string json;
-  if (name == "tiny-qwen3")
+  if (name == "tiny-moe-odd")
+    json = R"({"model_type":"qwen3_moe","hidden_size":32,"intermediate_size":56,"num_hidden_layers":4,
+      "num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"vocab_size":67,"attention_bias":true,
+      "num_experts":5,"num_experts_per_tok":2,"moe_intermediate_size":30,"decoder_sparse_step":2,
+      "torch_dtype":"float32"})";
+  else if (name == "tiny-qwen3")
     json = R"({"model_type":"qwen3","hidden_size":64,"intermediate_size":96,"num_hidden_layers":4,
       "num_attention_heads":8,"num_key_value_heads":4,"head_dim":8,"vocab_size":131,"torch_dtype":"bfloat16"})";
   else
@@ -28,7 +34,7 @@ inline std::shared_ptr<const nereus::ModelSpec> synthetic(const std::string& nam
 }
 
 inline std::shared_ptr<const nereus::ModelSpec> model(const std::string& name) {
-  if (name == "tiny-qwen3" || name == "tiny-llama-bias") return synthetic(name);
+  if (name == "tiny-qwen3" || name == "tiny-llama-bias" || name == "tiny-moe-odd") return synthetic(name);
   return nereus::load_model(name);
 }
 
@@ -84,6 +90,19 @@ class Generator {
       l.partition.push_back(static_cast<int>(c.layers) - prev);
     }
     l.packing = coin() ? nereus::Packing::fused : nereus::Packing::hf;
+    if (c.experts > 0) {
+      // Expert parallelism: ep in 1..3, then an etp dividing tp·ep with at most E groups
+      // and etp <= Ie (sharding.md); the default (etp = tp) when it is one of them.
+      l.tp = std::min(l.tp, 4);
+      while (c.heads % l.tp != 0 || (c.kv_heads % l.tp != 0 && l.tp % c.kv_heads != 0)) --l.tp;
+      l.ep = uniform(1, 3);
+      std::vector<int> etps;
+      for (int k = 1; k <= l.tp * l.ep; ++k)
+        if ((l.tp * l.ep) % k == 0 && l.tp * l.ep / k <= c.experts && k <= c.expert_intermediate) etps.push_back(k);
+      if (etps.empty()) l.ep = 1, etps.push_back(l.tp);
+      const int k = etps[static_cast<std::size_t>(uniform(0, static_cast<int>(etps.size()) - 1))];
+      l.etp = coin(0.3) && std::find(etps.begin(), etps.end(), l.tp) != etps.end() ? 0 : k;
+    }
     return l;
   }
 

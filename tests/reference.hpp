@@ -20,10 +20,21 @@ using Box = std::vector<std::pair<std::int64_t, std::int64_t>>;  // [lo, hi) per
 struct Tensor {
   std::string name;
   std::vector<std::int64_t> shape;
-  char rule;  // 'v' vocab rows, 'q' heads rows, 'k' kv rows, 'o' heads cols, 'i' I rows, 'd' I cols, 'r' replicated
+  char rule;  // 'v' vocab rows, 'q' heads rows, 'k' kv rows, 'o' heads cols, 'i' I rows, 'd' I cols, 'r' replicated,
+              // 'x' expert Ie rows, 'y' expert Ie cols
   int layer;  // -1 outside layers
   char where; // 'e' embedding, 'l' layer, 'n' final norm, 'h' lm_head or score
+  int expert = -1;
 };
+
+/// sharding.md: a qwen3_moe layer l is sparse when l is not in mlp_only_layers and
+/// (l + 1) mod decoder_sparse_step = 0.
+inline bool sparse(const nereus::ModelConfig& c, int l) {
+  if (c.experts == 0) return false;
+  for (auto d : c.dense_layers)
+    if (d == l) return false;
+  return (l + 1) % c.sparse_step == 0;
+}
 
 inline std::vector<Tensor> tensors(const nereus::ModelConfig& c) {
   std::vector<Tensor> out;
@@ -46,6 +57,17 @@ inline std::vector<Tensor> tensors(const nereus::ModelConfig& c) {
     }
     out.push_back({p + "self_attn.o_proj.weight", {H, q}, 'o', l, 'l'});
     out.push_back({p + "post_attention_layernorm.weight", {H}, 'r', l, 'l'});
+    if (sparse(c, l)) {
+      const std::int64_t Ie = c.expert_intermediate;
+      out.push_back({p + "mlp.gate.weight", {c.experts, H}, 'r', l, 'l'});
+      for (int x = 0; x < c.experts; ++x) {
+        const std::string e = p + "mlp.experts." + std::to_string(x) + ".";
+        out.push_back({e + "gate_proj.weight", {Ie, H}, 'x', l, 'l', x});
+        out.push_back({e + "up_proj.weight", {Ie, H}, 'x', l, 'l', x});
+        out.push_back({e + "down_proj.weight", {H, Ie}, 'y', l, 'l', x});
+      }
+      continue;
+    }
     out.push_back({p + "mlp.gate_proj.weight", {c.intermediate, H}, 'i', l, 'l'});
     out.push_back({p + "mlp.up_proj.weight", {c.intermediate, H}, 'i', l, 'l'});
     out.push_back({p + "mlp.down_proj.weight", {H, c.intermediate}, 'd', l, 'l'});
@@ -61,7 +83,14 @@ struct Layout {
   int tp = 1, pp = 1;
   std::vector<int> partition;
   bool fused = false;
+  int ep = 1, etp = 0;  // etp: the expert TP degree; 0 when not given, which means tp
+  int expert_tp() const { return etp > 0 ? etp : tp; }
 };
+
+/// Index in R of position (stage s, EP rank e, tensor rank r), written as g = e·tp + r.
+inline std::size_t device_index(const Layout& l, int s, int g) {
+  return static_cast<std::size_t>((s * l.ep) * l.tp + g);
+}
 
 inline std::pair<std::int64_t, std::int64_t> nth(std::int64_t n, std::int64_t k, std::int64_t i) {
   return {i * n / k, (i + 1) * n / k};
@@ -78,13 +107,20 @@ inline std::pair<int, int> stage_layers(const nereus::ModelConfig& c, const Layo
   return {a, a + l.partition[s]};
 }
 
-inline std::optional<Box> shard(const nereus::ModelConfig& c, const Tensor& t, const Layout& l, int s, int r) {
+/// Shard of t at (stage s, in-stage GPU g = e·tp + r).
+inline std::optional<Box> shard(const nereus::ModelConfig& c, const Tensor& t, const Layout& l, int s, int g) {
+  const int r = g % l.tp;
   bool held = false;
   if (t.where == 'e') held = s == 0 || (c.tied_embeddings && s == l.pp - 1);
   else if (t.where == 'n' || t.where == 'h') held = s == l.pp - 1;
   else {
     auto [a, b] = stage_layers(c, l, s);
     held = a <= t.layer && t.layer < b;
+  }
+  if (held && t.expert >= 0) {
+    // Expert group q = floor(g / etp) of tp·ep/etp groups holds experts part(E, groups, q).
+    const auto mine = nth(c.experts, l.tp * l.ep / l.expert_tp(), g / l.expert_tp());
+    held = mine.first <= t.expert && t.expert < mine.second;
   }
   if (!held) return std::nullopt;
   Box b;
@@ -94,6 +130,8 @@ inline std::optional<Box> shard(const nereus::ModelConfig& c, const Tensor& t, c
     case 'v': b[0] = nth(c.vocab, l.tp, r); break;
     case 'i': b[0] = nth(c.intermediate, l.tp, r); break;
     case 'd': b[1] = nth(c.intermediate, l.tp, r); break;
+    case 'x': b[0] = nth(c.expert_intermediate, l.expert_tp(), g % l.expert_tp()); break;
+    case 'y': b[1] = nth(c.expert_intermediate, l.expert_tp(), g % l.expert_tp()); break;
     case 'q': heads = nth(c.heads, l.tp, r); b[0] = {heads.first * c.head_dim, heads.second * c.head_dim}; break;
     case 'o': heads = nth(c.heads, l.tp, r); b[1] = {heads.first * c.head_dim, heads.second * c.head_dim}; break;
     case 'k':
@@ -117,15 +155,19 @@ struct Buffer {
   std::vector<std::pair<std::size_t, Box>> parts;
 };
 
-/// Buffers of position (s, r), keyed by buffer name.
+/// Buffers of position (s, g), keyed by buffer name. Fused experts stack in expert order:
+/// w13 = per expert [gate; up], w2 = per expert down (the tensor list's order).
 inline std::map<std::string, Buffer> buffers(const nereus::ModelConfig& c, const std::vector<Tensor>& ts,
-                                             const Layout& l, int s, int r) {
+                                             const Layout& l, int s, int g) {
   std::map<std::string, Buffer> out;
   for (std::size_t i = 0; i < ts.size(); ++i) {
-    auto b = shard(c, ts[i], l, s, r);
+    auto b = shard(c, ts[i], l, s, g);
     if (!b) continue;
     std::string name = ts[i].name;
-    if (l.fused) {
+    if (l.fused && ts[i].expert >= 0) {
+      const auto at = name.find(".experts.");
+      name = name.substr(0, at) + (ts[i].rule == 'y' ? ".experts.w2_weight" : ".experts.w13_weight");
+    } else if (l.fused) {
       const std::pair<const char*, const char*> fused_names[] = {
           {".q_proj.", ".qkv_proj."}, {".k_proj.", ".qkv_proj."}, {".v_proj.", ".qkv_proj."},
           {".gate_proj.", ".gate_up_proj."}, {".up_proj.", ".gate_up_proj."}};

@@ -64,13 +64,19 @@ TEST_CASE("tensor lists match the independent reading of sharding.md") {
       const TensorInfo& info = m->tensor(*id);
       CHECK(info.rank == static_cast<int>(t.shape.size()));
       for (int d = 0; d < info.rank; ++d) CHECK(info.shape[d] == t.shape[d]);
-      if (info.layer >= 0) CHECK(m->find(info.kind, info.layer) == id);
-      for (const Layout& l : {Layout{1, 1, {}, Packing::hf}, Layout{2, 2, {}, Packing::hf}, Layout{4, 3, {}, Packing::hf}}) {
+      if (info.layer >= 0) CHECK(m->find(info.kind, info.layer, std::max(info.expert, 0)) == id);
+      CHECK(info.expert == t.expert);
+      std::vector<Layout> layouts{Layout{1, 1, {}, Packing::hf}, Layout{2, 2, {}, Packing::hf}, Layout{4, 3, {}, Packing::hf}};
+      if (m->config().moe())  // expert parallelism: whole experts, and experts split 2 ways across ep ranks
+        layouts.insert(layouts.end(), {Layout{1, 2, {}, Packing::hf, 4, 1}, Layout{2, 1, {}, Packing::hf, 2, 4},
+                                       Layout{2, 3, {}, Packing::hf, 3, 0}});
+      for (const Layout& l : layouts) {
         if (m->config().heads % l.tp || (m->config().kv_heads % l.tp && l.tp % m->config().kv_heads)) continue;
+        if (l.expert_groups() > m->config().experts && m->config().moe()) continue;
         for (int s = 0; s < l.pp; ++s)
-          for (int r = 0; r < l.tp; ++r) {
+          for (int r = 0; r < l.stage_size(); ++r) {
             const auto got = shard_box(m->config(), l, s, r, info);
-            const auto want = ref::shard(m->config(), t, ref::Layout{l.tp, l.pp, {}, false}, s, r);
+            const auto want = ref::shard(m->config(), t, ref::Layout{l.tp, l.pp, {}, false, l.ep, l.etp}, s, r);
             REQUIRE(got.has_value() == want.has_value());
             if (got)
               for (int d = 0; d < got->rank; ++d) CHECK((got->dims[d].lo == (*want)[d].first && got->dims[d].hi == (*want)[d].second));
@@ -298,4 +304,115 @@ TEST_CASE("jobs: presets parse; model-stages by phase; errors name the field") {
   CHECK(has(err(R"({"algorithm":"grpo","models":{"actor":"nope","reference":"tiny-llama","reward":"tiny-llama"})" + rest), "models.actor"));
   CHECK(has(err(R"({"algorithm":"grpo","models":{"actor":"tiny-llama","reference":"tiny-llama","reward":"tiny-llama"},"prompts_per_step":4})"),
             "samples_per_prompt"));
+}
+
+TEST_CASE("mixture of experts: config fields, sparse layers, published sizes, errors") {
+  const auto small = load_model("qwen3-30b-a3b");
+  const auto big = load_model("qwen3-235b-a22b");
+  CHECK(small->config().arch == Arch::qwen3_moe);
+  CHECK(std::abs(static_cast<double>(small->parameters()) / 30.5e9 - 1) < 0.01);  // "30.5B total"
+  CHECK(std::abs(static_cast<double>(big->parameters()) / 235e9 - 1) < 0.01);     // "235B total"
+  const auto tiny = load_model("tiny-qwen3-moe");  // mlp_only_layers [0]: layer 0 is dense
+  CHECK(tiny->find("model.layers.0.mlp.gate_proj.weight").has_value());
+  CHECK_FALSE(tiny->find("model.layers.0.mlp.gate.weight").has_value());
+  CHECK(tiny->find("model.layers.1.mlp.gate.weight").has_value());
+  CHECK(tiny->find("model.layers.3.mlp.experts.5.down_proj.weight").has_value());
+  CHECK_FALSE(tiny->find("model.layers.3.mlp.experts.6.down_proj.weight").has_value());
+  CHECK(tiny->find("model.layers.2.self_attn.q_norm.weight").has_value());
+  const TensorInfo& down = tiny->tensor(*tiny->find(TensorKind::expert_down, 2, 4));
+  CHECK(down.name == "model.layers.2.mlp.experts.4.down_proj.weight");
+  CHECK(down.shape[0] == 64);
+  CHECK(down.shape[1] == 48);
+
+  auto parse = [](const std::string& extra) {
+    return error_of([&] {
+      parse_model_config(R"({"model_type":"qwen3_moe","hidden_size":64,"intermediate_size":96,"num_hidden_layers":4,
+        "num_attention_heads":4,"vocab_size":50,"torch_dtype":"bfloat16")" + extra + "}", "moe.json");
+    });
+  };
+  const std::string ok = R"(,"num_experts":6,"num_experts_per_tok":2,"moe_intermediate_size":16)";
+  CHECK(parse(ok).empty());
+  CHECK(has(parse(R"(,"num_experts_per_tok":2,"moe_intermediate_size":16)"), "'num_experts'"));
+  CHECK(has(parse(R"(,"num_experts":6,"moe_intermediate_size":16)"), "'num_experts_per_tok'"));
+  CHECK(has(parse(R"(,"num_experts":6,"num_experts_per_tok":2)"), "'moe_intermediate_size'"));
+  CHECK(has(parse(R"(,"num_experts":2,"num_experts_per_tok":3,"moe_intermediate_size":16)"), "num_experts_per_tok"));
+  CHECK(has(parse(ok + R"(,"mlp_only_layers":[7])"), "'mlp_only_layers' names layer 7"));
+  CHECK(has(parse(ok + R"(,"mlp_only_layers":3)"), "'mlp_only_layers' must be a list"));
+  CHECK(has(parse(ok + R"(,"decoder_sparse_step":0)"), "'decoder_sparse_step'"));
+  const ModelConfig step2 = parse_model_config(R"({"model_type":"qwen3_moe","hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":4,"num_attention_heads":4,"vocab_size":50,"torch_dtype":"bfloat16","decoder_sparse_step":2,
+      "mlp_only_layers":[3])" + ok + "}", "moe.json");
+  CHECK_FALSE(step2.sparse_layer(0));
+  CHECK(step2.sparse_layer(1));
+  CHECK_FALSE(step2.sparse_layer(2));
+  CHECK_FALSE(step2.sparse_layer(3));  // (3 + 1) mod 2 = 0, but listed in mlp_only_layers
+}
+
+TEST_CASE("MoE layouts: specs, validity errors naming the rule, sharding.md's worked examples") {
+  const auto spec = parse_collection_spec("tp=2,pp=3,ep=4,etp=2,dp=2");
+  CHECK(spec.layout.size() == 24);
+  CHECK(spec.devices.size() == 48);
+  CHECK(to_string(spec.layout) == "tp=2,pp=3,ep=4");  // etp = tp is the default
+  CHECK(to_string(parse_collection_spec("tp=4,pp=1,ep=2,etp=1,dp=1").layout) == "tp=4,pp=1,ep=2,etp=1");
+  CHECK(has(error_of([] { parse_collection_spec("tp=2,pp=1,ep=4,dp=1,devices=0-3"); }), "tp·pp·ep·dp = 8"));
+  CHECK(has(error_of([] { parse_collection_spec("tp=2,pp=1,etp=0,dp=1"); }), "etp=0 must be at least 1"));
+
+  const auto moe = load_model("qwen3-30b-a3b");  // E = 128, Ie = 768
+  const auto dense = load_model("tiny-llama");
+  auto invalid = [](const ModelSpec& m, const std::string& s) {
+    return error_of([&] { validate_layout(m.config(), parse_collection_spec(s).layout); });
+  };
+  CHECK(has(invalid(*dense, "tp=1,pp=1,ep=2,dp=1"), "ep=2 needs a mixture-of-experts model"));
+  CHECK(invalid(*dense, "tp=2,pp=1,etp=1,dp=1").empty());  // dense models ignore etp
+  CHECK(has(invalid(*moe, "tp=2,pp=1,ep=3,etp=4,dp=1"), "etp=4 does not divide tp·ep = 6"));
+  CHECK(has(invalid(*moe, "tp=4,pp=1,ep=64,etp=1,dp=1"), "256 expert groups exceed num_experts=128"));
+  CHECK(has(invalid(*moe, "tp=3,pp=1,dp=1"), "tp=3 does not divide num_attention_heads"));
+  CHECK(invalid(*load_model("tiny-qwen3-moe"), "tp=2,pp=1,ep=3,etp=1,dp=1").empty());  // 6 groups of one expert
+  CHECK(has(invalid(*load_model("tiny-qwen3-moe"), "tp=8,pp=1,ep=1,etp=1,dp=1"), "8 expert groups exceed num_experts=6"));
+
+  // One unit per row of the table: GPUs per unit, expert groups, experts on each GPU and
+  // the share of each expert's Ie it holds.
+  struct Row {
+    std::string layout;
+    int gpus, groups, experts_per_gpu, ie_rows;
+  };
+  for (const Row& row : {Row{"tp=8,pp=1,ep=1,dp=1", 8, 1, 128, 96}, Row{"tp=4,pp=1,ep=2,etp=1,dp=1", 8, 8, 16, 768},
+                         Row{"tp=2,pp=1,ep=2,etp=1,dp=1", 4, 4, 32, 768}, Row{"tp=2,pp=1,ep=4,etp=2,dp=1", 8, 4, 32, 384},
+                         Row{"tp=1,pp=16,ep=16,etp=1,dp=1", 256, 16, 8, 768}}) {
+    CAPTURE(row.layout);
+    const Layout l = parse_collection_spec(row.layout).layout;
+    CHECK_NOTHROW(validate_layout(moe->config(), l));
+    CHECK(l.size() == row.gpus);
+    CHECK(l.expert_groups() == row.groups);
+    const int s = l.pp - 1;  // a stage holding layer 47
+    for (int g = 0; g < l.stage_size(); ++g) {
+      int held = 0;
+      for (int x = 0; x < 128; ++x)
+        if (auto b = shard_box(moe->config(), l, s, g, moe->tensor(*moe->find(TensorKind::expert_gate, 47, x)))) {
+          ++held;
+          CHECK(b->dims[0].size() == row.ie_rows);
+        }
+      CHECK(held == row.experts_per_gpu);
+    }
+  }
+}
+
+TEST_CASE("fused packing stacks local experts: w13 = [gate; up] per expert, w2 per expert") {
+  const auto m = load_model("tiny-qwen3-moe");  // E = 6, Ie = 48, H = 64
+  const Layout l{2, 1, {}, Packing::fused, 2, 2};  // 2 groups of 3 experts, each split 2 ways
+  // GPU g = 3: group 1 (experts 3, 4, 5), expert rank 1 (Ie rows 24..48).
+  const ShardPlace gate4 = place_shard(*m, *m->find(TensorKind::expert_gate, 1, 4), l, 3);
+  const ShardPlace up4 = place_shard(*m, *m->find(TensorKind::expert_up, 1, 4), l, 3);
+  const ShardPlace down5 = place_shard(*m, *m->find(TensorKind::expert_down, 1, 5), l, 3);
+  CHECK(gate4.buffer == *m->find(TensorKind::expert_gate, 1, 3));
+  CHECK(up4.buffer == gate4.buffer);
+  CHECK(gate4.base == 1 * 2 * 24 * 64);
+  CHECK(up4.base == 1 * 2 * 24 * 64 + 24 * 64);
+  CHECK(gate4.shard.dims[0].lo == 24);
+  CHECK(down5.buffer == *m->find(TensorKind::expert_down, 1, 3));
+  CHECK(down5.base == 2 * 64 * 24);
+  CHECK(down5.shard.dims[1].lo == 24);
+  CHECK(buffer_name(*m, gate4.buffer, Packing::fused) == "model.layers.1.mlp.experts.w13_weight");
+  CHECK(buffer_name(*m, down5.buffer, Packing::fused) == "model.layers.1.mlp.experts.w2_weight");
+  CHECK(buffer_name(*m, *m->find(TensorKind::router, 1), Packing::fused) == "model.layers.1.mlp.gate.weight");
 }

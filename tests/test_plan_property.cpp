@@ -19,7 +19,16 @@ using nereus::Slot;
 using nereus::Transfer;
 
 ref::Layout to_ref(const nereus::Layout& l) {
-  return {l.tp, l.pp, l.partition, l.packing == nereus::Packing::fused};
+  return {l.tp, l.pp, l.partition, l.packing == nereus::Packing::fused, l.ep, l.etp};
+}
+
+/// Calls f(s, g, device) for every position of a unit, devices found by sharding.md's
+/// rule R[(s·ep + e)·tp + r] (reference.hpp), not by the library's Emu::device.
+template <class F>
+void each_position(const nereus::Emu& u, F&& f) {
+  const ref::Layout l = to_ref(u.layout);
+  for (int s = 0; s < l.pp; ++s)
+    for (int g = 0; g < l.tp * l.ep; ++g) f(s, g, u.gpus[ref::device_index(l, s, g)]);
 }
 
 std::uint32_t slot_width(const nereus::ModelConfig& c, Slot s) {
@@ -39,11 +48,12 @@ struct Position {
 
 /// The position a device has in a collection, if any.
 std::optional<Position> find_position(const Collection& c, nereus::DeviceId d) {
+  std::optional<Position> out;
   for (const auto& u : c.units)
-    for (int s = 0; s < u.layout.pp; ++s)
-      for (int r = 0; r < u.layout.tp; ++r)
-        if (u.device(s, r) == d) return Position{&u, s, r};
-  return std::nullopt;
+    each_position(u, [&](int s, int g, nereus::DeviceId dev) {
+      if (dev == d) out = Position{&u, s, g};
+    });
+  return out;
 }
 
 bool box_inside(const nereus::Box& b, const ref::Box& outer) {
@@ -78,8 +88,7 @@ std::map<BufferKey, Bytes> make_buffers(const nereus::ModelConfig& c, const std:
                                         const Collection& coll, bool fill) {
   std::map<BufferKey, Bytes> out;
   for (const auto& u : coll.units)
-    for (int s = 0; s < u.layout.pp; ++s)
-      for (int r = 0; r < u.layout.tp; ++r)
+    each_position(u, [&](int s, int r, nereus::DeviceId dev) {
         for (auto& [name, buf] : ref::buffers(c, ts, to_ref(u.layout), s, r))
           for (Slot slot : coll.slots()) {
             const std::uint32_t w = slot_width(c, slot);
@@ -99,8 +108,9 @@ std::map<BufferKey, Bytes> make_buffers(const nereus::ModelConfig& c, const std:
                 });
               }
             }
-            out.emplace(BufferKey{u.device(s, r), name, slot}, std::move(b));
+            out.emplace(BufferKey{dev, name, slot}, std::move(b));
           }
+    });
   return out;
 }
 
@@ -144,14 +154,14 @@ void check_case(const testcase::Case& k) {
   std::map<std::tuple<nereus::DeviceId, std::size_t, Slot>, Dest> dest;
   std::uint64_t target_bytes = 0;
   for (const auto& u : k.target.units)
-    for (int s = 0; s < u.layout.pp; ++s)
-      for (int r = 0; r < u.layout.tp; ++r)
+    each_position(u, [&](int s, int r, nereus::DeviceId dev) {
         for (std::size_t ti = 0; ti < ts.size(); ++ti)
           if (auto b = ref::shard(c, ts[ti], to_ref(u.layout), s, r))
             for (Slot slot : k.target.slots()) {
-              dest[{u.device(s, r), ti, slot}] = {*b, std::vector<unsigned char>(static_cast<std::size_t>(ref::volume(*b)), 0)};
+              dest[{dev, ti, slot}] = {*b, std::vector<unsigned char>(static_cast<std::size_t>(ref::volume(*b)), 0)};
               target_bytes += static_cast<std::uint64_t>(ref::volume(*b)) * slot_width(c, slot);
             }
+    });
 
   std::uint64_t moved = 0, local = 0, kept = 0, link_count = 0, copy_count = 0;
   for (const Transfer& t : transfers) {
@@ -258,6 +268,22 @@ void check_case(const testcase::Case& k) {
 }
 
 const std::vector<std::string> kModels{"tiny-llama", "tiny-qwen2-tied", "tiny-qwen3", "tiny-llama-bias"};
+const std::vector<std::string> kMoeModels{"tiny-qwen3-moe", "tiny-moe-odd"};
+
+/// Random cases whose target GPUs the placement optimiser reorders first.
+void check_with_placement(std::uint64_t seed, const std::vector<std::string>& models, int n) {
+  testcase::Generator gen(seed);
+  for (int i = 0; i < n; ++i) {
+    auto k = gen.next(models);
+    CAPTURE(i);
+    nereus::ReshardOptions opt;
+    opt.links.gpus_per_node = k.gpus_per_node;
+    const auto before = nereus::plan_reshard(k.sources, k.target, opt).summary().moved_bytes;
+    k.target = nereus::optimize_placement(k.sources, k.target, k.gpus_per_node);
+    check_case(k);
+    CHECK(nereus::plan_reshard(k.sources, k.target, opt).summary().moved_bytes <= before);
+  }
+}
 
 }  // namespace
 
@@ -271,15 +297,30 @@ TEST_CASE("random transitions: coverage, lower bound, sources, bytes, determinis
 }
 
 TEST_CASE("random transitions with optimised placement keep every property and never move more") {
-  testcase::Generator gen(0xb1ac);
-  for (int i = 0; i < 60; ++i) {
-    auto k = gen.next(kModels);
+  check_with_placement(0xb1ac, kModels, 60);
+}
+
+TEST_CASE("random MoE transitions (ep, etp, uneven experts and Ie): coverage, lower bound, sources, bytes") {
+  testcase::Generator gen(0x30e);
+  int with_ep = 0, expert_tp_differs = 0, straddling = 0;
+  for (int i = 0; i < 160; ++i) {
+    const auto k = gen.next(kMoeModels);
     CAPTURE(i);
-    nereus::ReshardOptions opt;
-    opt.links.gpus_per_node = k.gpus_per_node;
-    const auto before = nereus::plan_reshard(k.sources, k.target, opt).summary().moved_bytes;
-    k.target = nereus::optimize_placement(k.sources, k.target, k.gpus_per_node);
     check_case(k);
-    CHECK(nereus::plan_reshard(k.sources, k.target, opt).summary().moved_bytes <= before);
+    for (const auto* c : {&k.target, &k.sources[0]})
+      for (const auto& u : c->units) {
+        const auto l = to_ref(u.layout);
+        with_ep += l.ep > 1;
+        expert_tp_differs += l.expert_tp() != l.tp;
+        straddling += l.tp % l.expert_tp() != 0;  // groups that straddle two ep ranks
+      }
   }
+  // The generator reaches the cases the rules single out.
+  CHECK(with_ep > 50);
+  CHECK(expert_tp_differs > 50);
+  CHECK(straddling > 5);
+}
+
+TEST_CASE("random MoE transitions with optimised placement keep every property and never move more") {
+  check_with_placement(0x30f, kMoeModels, 40);
 }

@@ -170,7 +170,7 @@ Trial draw_trial(const JobSpec& job, const CoordinationConfig& c, PlanDraw& draw
       if (!slot) slot = std::make_unique<UnitGeometry>(col.model);
       UnitGeometry& geo = *slot;
       for (int s = 0; s < e.layout.pp; ++s)
-        for (int r = 0; r < e.layout.tp; ++r)
+        for (int r = 0; r < e.layout.stage_size(); ++r)
           m[e.device(s, r)] += sign * geo.elements({&e.layout, s, r}) *
                                static_cast<std::int64_t>(bytes_per_element(col.model->config(), col.train));
     };

@@ -36,6 +36,32 @@ bool valid_tp(const ModelConfig& m, int tp) {
   return tp >= 1 && m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0);
 }
 
+namespace {
+
+/// ep and etp (sharding.md, "Mixture-of-experts models").
+void validate_experts(const ModelConfig& m, const Layout& l, const std::string& spec) {
+  if (l.ep < 1) throw Error("layout " + spec + ": ep must be at least 1");
+  if (l.etp < 0) throw Error("layout " + spec + ": etp must be at least 1");
+  if (!m.moe()) {
+    if (l.ep != 1)
+      throw Error("layout " + spec + ": ep=" + std::to_string(l.ep) +
+                  " needs a mixture-of-experts model (this model is dense, so ep must be 1)");
+    return;
+  }
+  const int k = l.expert_tp();
+  if (l.stage_size() % k != 0)
+    throw Error("layout " + spec + ": etp=" + std::to_string(k) + " does not divide tp·ep = " +
+                std::to_string(l.stage_size()));
+  if (l.expert_groups() > m.experts)
+    throw Error("layout " + spec + ": tp·ep/etp = " + std::to_string(l.expert_groups()) +
+                " expert groups exceed num_experts=" + std::to_string(m.experts));
+  if (k > m.expert_intermediate)
+    throw Error("layout " + spec + ": etp=" + std::to_string(k) + " exceeds moe_intermediate_size=" +
+                std::to_string(m.expert_intermediate));
+}
+
+}  // namespace
+
 void validate_layout(const ModelConfig& m, const Layout& l) {
   const std::string spec = to_string(l);
   if (l.tp < 1) throw Error("layout " + spec + ": tp must be at least 1");
@@ -50,6 +76,7 @@ void validate_layout(const ModelConfig& m, const Layout& l) {
   if (l.pp > m.layers)
     throw Error("layout " + spec + ": pp=" + std::to_string(l.pp) + " exceeds num_hidden_layers=" +
                 std::to_string(m.layers));
+  validate_experts(m, l, spec);
   if (!l.partition.empty()) {
     if (static_cast<int>(l.partition.size()) != l.pp)
       throw Error("layout " + spec + ": partition has " + std::to_string(l.partition.size()) +
@@ -132,6 +159,8 @@ CollectionSpec parse_collection_spec(std::string_view spec) {
     if (key == "tp") out.layout.tp = parse_positive(key, value);
     else if (key == "pp") out.layout.pp = parse_positive(key, value);
     else if (key == "dp") out.dp = parse_positive(key, value);
+    else if (key == "ep") out.layout.ep = parse_positive(key, value);
+    else if (key == "etp") out.layout.etp = parse_positive(key, value);
     else if (key == "devices") { out.devices = parse_devices(value); have_devices = true; }
     else if (key == "partition") {
       std::size_t s = 0;
@@ -145,22 +174,25 @@ CollectionSpec parse_collection_spec(std::string_view spec) {
       else if (value == "fused") out.layout.packing = Packing::fused;
       else throw Error("layout spec: packing=" + std::string(value) + " is not hf or fused");
     } else {
-      throw Error("layout spec: unknown key '" + key + "' (known: tp, pp, dp, devices, partition, packing)");
+      throw Error("layout spec: unknown key '" + key + "' (known: tp, pp, ep, etp, dp, devices, partition, packing)");
     }
   }
   if (!out.layout.partition.empty() && static_cast<int>(out.layout.partition.size()) != out.layout.pp)
     throw Error("layout spec: partition= has " + std::to_string(out.layout.partition.size()) +
                 " stages but pp=" + std::to_string(out.layout.pp));
-  // Each degree is at most 2^31 - 1, so checking tp·pp first keeps every product in range
-  // (found by the layout fuzzer).
+  // Each degree is at most 2^31 - 1, so checking each product before the next keeps every
+  // product in range (found by the layout fuzzer).
   constexpr std::int64_t kMaxDevices = 1 << 22;
-  const std::int64_t unit = static_cast<std::int64_t>(out.layout.tp) * out.layout.pp;
+  const std::string degrees = out.layout.ep == 1 ? "tp·pp·dp" : "tp·pp·ep·dp";
+  std::int64_t unit = static_cast<std::int64_t>(out.layout.tp) * out.layout.pp;
+  if (unit <= kMaxDevices) unit *= out.layout.ep;
   const std::int64_t need = unit > kMaxDevices ? unit : unit * out.dp;
-  if (need > kMaxDevices) throw Error("layout spec: tp·pp·dp = " + std::to_string(unit) + "·" + std::to_string(out.dp) + " devices is too many");
+  if (need > kMaxDevices)
+    throw Error("layout spec: " + degrees + " = " + std::to_string(unit) + "·" + std::to_string(out.dp) + " devices is too many");
   if (have_devices) {
     if (static_cast<std::int64_t>(out.devices.size()) != need)
       throw Error("layout spec: devices= lists " + std::to_string(out.devices.size()) +
-                  " ids but tp·pp·dp = " + std::to_string(need));
+                  " ids but " + degrees + " = " + std::to_string(need));
     std::set<DeviceId> uniq;
     for (DeviceId d : out.devices)
       if (!uniq.insert(d).second)
@@ -187,6 +219,8 @@ std::string device_list_string(const std::vector<DeviceId>& d) {
 
 std::string to_string(const Layout& l) {
   std::string s = "tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp);
+  if (l.ep != 1) s += ",ep=" + std::to_string(l.ep);
+  if (l.etp > 0 && l.etp != l.tp) s += ",etp=" + std::to_string(l.etp);
   if (!l.partition.empty()) {
     s += ",partition=";
     for (std::size_t i = 0; i < l.partition.size(); ++i)

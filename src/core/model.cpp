@@ -1,5 +1,6 @@
 #include "nereus/core/model.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -16,6 +17,7 @@ std::string_view to_string(Arch a) {
     case Arch::llama: return "llama";
     case Arch::qwen2: return "qwen2";
     case Arch::qwen3: return "qwen3";
+    case Arch::qwen3_moe: return "qwen3_moe";
   }
   return "?";
 }
@@ -29,7 +31,8 @@ struct ArchClass {
 };
 
 ArchClass parse_arch(const json& j, std::string_view origin) {
-  static constexpr std::pair<const char*, Arch> kFamilies[] = {{"Llama", Arch::llama}, {"Qwen2", Arch::qwen2}, {"Qwen3", Arch::qwen3}};
+  static constexpr std::pair<const char*, Arch> kFamilies[] = {{"Llama", Arch::llama}, {"Qwen2", Arch::qwen2}, {"Qwen3", Arch::qwen3},
+                                                                      {"Qwen3Moe", Arch::qwen3_moe}};
   static constexpr const char* kHeads[] = {"ForCausalLM", "ForTokenClassification", "ForSequenceClassification"};
   std::optional<ArchClass> from_class;
   if (auto a = j.find("architectures"); a != j.end() && a->is_array() && !a->empty() && (*a)[0].is_string()) {
@@ -39,7 +42,7 @@ ArchClass parse_arch(const json& j, std::string_view origin) {
         if (cls == std::string(family) + head) from_class = ArchClass{arch, head != kHeads[0]};
     if (!from_class)
       throw Error(std::string(origin) + ": unknown architecture '" + cls +
-                  "' (supported: Llama, Qwen2 and Qwen3 with ForCausalLM, ForTokenClassification or "
+                  "' (supported: Llama, Qwen2, Qwen3 and Qwen3Moe with ForCausalLM, ForTokenClassification or "
                   "ForSequenceClassification)");
   }
   std::string type;
@@ -55,9 +58,10 @@ ArchClass parse_arch(const json& j, std::string_view origin) {
   if (type == "llama") arch = Arch::llama;
   else if (type == "qwen2") arch = Arch::qwen2;
   else if (type == "qwen3") arch = Arch::qwen3;
+  else if (type == "qwen3_moe") arch = Arch::qwen3_moe;
   else
     throw Error(std::string(origin) + ": unknown architecture '" + type +
-                "' in 'model_type' (supported: llama, qwen2, qwen3)");
+                "' in 'model_type' (supported: llama, qwen2, qwen3, qwen3_moe)");
   return {arch, from_class && from_class->score};
 }
 
@@ -84,7 +88,36 @@ DType parse_dtype(const json& j, std::string_view origin) {
               "' (supported: bfloat16, float16, float32)");
 }
 
+/// The sparse-layer fields of qwen3_moe (sharding.md, "Mixture-of-experts models").
+void parse_moe(const json& j, ModelConfig& c, std::string_view origin) {
+  c.experts = detail::integer_field(j, "num_experts", origin);
+  c.experts_per_token = detail::integer_field(j, "num_experts_per_tok", origin);
+  c.expert_intermediate = detail::integer_field(j, "moe_intermediate_size", origin);
+  if (c.experts_per_token > c.experts)
+    throw Error(std::string(origin) + ": field 'num_experts_per_tok' (" + std::to_string(c.experts_per_token) +
+                ") exceeds num_experts (" + std::to_string(c.experts) + ")");
+  if (j.contains("decoder_sparse_step") && !j["decoder_sparse_step"].is_null())
+    c.sparse_step = detail::integer_field(j, "decoder_sparse_step", origin);
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array())
+      throw Error(std::string(origin) + ": field 'mlp_only_layers' must be a list of layer indices, got " + it->dump());
+    for (const json& v : *it) {
+      const std::int64_t l = detail::integer(v, "mlp_only_layers", origin, true);
+      if (l >= c.layers)
+        throw Error(std::string(origin) + ": field 'mlp_only_layers' names layer " + std::to_string(l) +
+                    " but num_hidden_layers is " + std::to_string(c.layers));
+      c.dense_layers.push_back(l);
+    }
+    std::sort(c.dense_layers.begin(), c.dense_layers.end());
+    c.dense_layers.erase(std::unique(c.dense_layers.begin(), c.dense_layers.end()), c.dense_layers.end());
+  }
+}
+
 }  // namespace
+
+bool ModelConfig::sparse_layer(std::int64_t l) const {
+  return moe() && (l + 1) % sparse_step == 0 && !std::binary_search(dense_layers.begin(), dense_layers.end(), l);
+}
 
 ModelConfig parse_model_config(std::string_view json_text, std::string_view origin) {
   const json j = detail::parse_json(json_text, origin);
@@ -117,8 +150,11 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view orig
   c.score_labels = ac.score ? parse_labels(j, origin) : 0;
   c.qkv_bias = c.arch == Arch::qwen2 ||
                (c.arch == Arch::llama && detail::bool_field(j, "attention_bias", false, origin));
-  c.qk_norm = c.arch == Arch::qwen3;
+  c.qkv_bias = c.qkv_bias || (c.arch == Arch::qwen3_moe && detail::bool_field(j, "attention_bias", false, origin)) ||
+               (c.arch == Arch::qwen3 && detail::bool_field(j, "attention_bias", false, origin));
+  c.qk_norm = c.arch == Arch::qwen3 || c.arch == Arch::qwen3_moe;
   c.dtype = parse_dtype(j, origin);
+  if (c.arch == Arch::qwen3_moe) parse_moe(j, c, origin);
   return c;
 }
 
@@ -126,28 +162,39 @@ ModelSpec::ModelSpec(std::string name, ModelConfig config)
     : name_(std::move(name)), config_(config) {
   const auto& c = config_;
   const std::int64_t H = c.hidden, q_rows = c.heads * c.head_dim, kv_rows = c.kv_heads * c.head_dim;
-  auto add = [&](std::string n, TensorKind k, std::int32_t layer, int rank, std::int64_t a,
-                 std::int64_t b) {
+  auto add = [&](std::string n, TensorKind k, std::int32_t layer, int rank, std::int64_t a, std::int64_t b,
+                 std::int32_t expert = -1) {
     by_name_.emplace(n, static_cast<TensorId>(tensors_.size()));
-    tensors_.push_back({std::move(n), k, layer, rank, {a, rank == 2 ? b : 0}});
+    tensors_.push_back({std::move(n), k, layer, rank, {a, rank == 2 ? b : 0}, expert});
   };
   using K = TensorKind;
-  layer_kinds_ = {K::input_norm, K::q};
-  if (c.qkv_bias) layer_kinds_.push_back(K::q_bias);
-  layer_kinds_.push_back(K::k);
-  if (c.qkv_bias) layer_kinds_.push_back(K::k_bias);
-  layer_kinds_.push_back(K::v);
-  if (c.qkv_bias) layer_kinds_.push_back(K::v_bias);
-  if (c.qk_norm) layer_kinds_.insert(layer_kinds_.end(), {K::q_norm, K::k_norm});
-  layer_kinds_.insert(layer_kinds_.end(), {K::o, K::post_norm, K::gate, K::up, K::down});
+  std::vector<K> attention = {K::input_norm, K::q};
+  if (c.qkv_bias) attention.push_back(K::q_bias);
+  attention.push_back(K::k);
+  if (c.qkv_bias) attention.push_back(K::k_bias);
+  attention.push_back(K::v);
+  if (c.qkv_bias) attention.push_back(K::v_bias);
+  if (c.qk_norm) attention.insert(attention.end(), {K::q_norm, K::k_norm});
+  attention.insert(attention.end(), {K::o, K::post_norm});
+  layer_kinds_ = attention;
+  layer_kinds_.insert(layer_kinds_.end(), {K::gate, K::up, K::down});
   kind_slot_.fill(-1);
+  sparse_slot_.fill(-1);
   for (std::size_t i = 0; i < layer_kinds_.size(); ++i)
     kind_slot_[static_cast<int>(layer_kinds_[i])] = static_cast<std::int32_t>(i);
+  if (c.moe()) {
+    sparse_kinds_ = attention;
+    sparse_kinds_.insert(sparse_kinds_.end(), {K::router, K::expert_gate, K::expert_up, K::expert_down});
+    for (std::size_t i = 0; i < sparse_kinds_.size(); ++i)
+      sparse_slot_[static_cast<int>(sparse_kinds_[i])] = static_cast<std::int32_t>(i);
+  }
 
   add("model.embed_tokens.weight", K::embed, -1, 2, c.vocab, H);
   for (std::int32_t l = 0; l < c.layers; ++l) {
+    layer_start_.push_back(static_cast<TensorId>(tensors_.size()));
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (K k : layer_kinds_) {
+    const bool sparse = c.sparse_layer(l);
+    for (K k : sparse ? sparse_kinds_ : layer_kinds_) {
       switch (k) {
         case K::input_norm: add(p + "input_layernorm.weight", k, l, 1, H, 0); break;
         case K::q: add(p + "self_attn.q_proj.weight", k, l, 2, q_rows, H); break;
@@ -163,30 +210,49 @@ ModelSpec::ModelSpec(std::string name, ModelConfig config)
         case K::gate: add(p + "mlp.gate_proj.weight", k, l, 2, c.intermediate, H); break;
         case K::up: add(p + "mlp.up_proj.weight", k, l, 2, c.intermediate, H); break;
         case K::down: add(p + "mlp.down_proj.weight", k, l, 2, H, c.intermediate); break;
+        case K::router: add(p + "mlp.gate.weight", k, l, 2, c.experts, H); break;
+        case K::expert_gate:  // the three expert kinds: every expert's gate, up, down in turn
+          for (std::int32_t x = 0; x < c.experts; ++x) {
+            const std::string e = p + "mlp.experts." + std::to_string(x) + ".";
+            add(e + "gate_proj.weight", K::expert_gate, l, 2, c.expert_intermediate, H, x);
+            add(e + "up_proj.weight", K::expert_up, l, 2, c.expert_intermediate, H, x);
+            add(e + "down_proj.weight", K::expert_down, l, 2, H, c.expert_intermediate, x);
+          }
+          break;
         default: break;
       }
     }
   }
+  layer_start_.push_back(static_cast<TensorId>(tensors_.size()));
   add("model.norm.weight", K::final_norm, -1, 1, H, 0);
   if (c.score_labels > 0) add("score.weight", K::score, -1, 2, c.score_labels, H);
   else if (!c.tied_embeddings) add("lm_head.weight", K::lm_head, -1, 2, c.vocab, H);
 }
 
-std::optional<TensorId> ModelSpec::find(TensorKind kind, std::int32_t layer) const {
+std::optional<TensorId> ModelSpec::find(TensorKind kind, std::int32_t layer, std::int32_t expert) const {
+  const TensorId norm = layer_start_.back();
   switch (kind) {
     case TensorKind::embed: return 0;
-    case TensorKind::final_norm: return static_cast<TensorId>(1 + config_.layers * layer_kinds_.size());
+    case TensorKind::final_norm: return norm;
     case TensorKind::lm_head:
       if (config_.tied_embeddings || config_.score_labels > 0) return std::nullopt;
-      return static_cast<TensorId>(2 + config_.layers * layer_kinds_.size());
+      return norm + 1;
     case TensorKind::score:
       if (config_.score_labels == 0) return std::nullopt;
-      return static_cast<TensorId>(2 + config_.layers * layer_kinds_.size());
+      return norm + 1;
     default: break;
   }
-  const std::int32_t slot = kind_slot_[static_cast<int>(kind)];
-  if (slot < 0 || layer < 0 || layer >= config_.layers) return std::nullopt;
-  return static_cast<TensorId>(1 + layer * layer_kinds_.size() + slot);
+  if (layer < 0 || layer >= config_.layers) return std::nullopt;
+  const bool sparse = config_.sparse_layer(layer);
+  const std::int32_t slot = (sparse ? sparse_slot_ : kind_slot_)[static_cast<int>(kind)];
+  if (slot < 0) return std::nullopt;
+  const TensorId at = layer_start_[static_cast<std::size_t>(layer)] + static_cast<TensorId>(slot);
+  if (!is_expert(kind)) return at;
+  if (expert < 0 || expert >= config_.experts) return std::nullopt;
+  // Experts are listed gate, up, down per expert from the expert_gate slot on.
+  const int offset = static_cast<int>(kind) - static_cast<int>(TensorKind::expert_gate);
+  return layer_start_[static_cast<std::size_t>(layer)] + static_cast<TensorId>(sparse_slot_[static_cast<int>(TensorKind::expert_gate)]) +
+         static_cast<TensorId>(3 * expert + offset);
 }
 
 std::optional<TensorId> ModelSpec::find(std::string_view name) const {

@@ -21,10 +21,23 @@ std::vector<K> fused_group(const ModelConfig& c, K kind) {
 
 }  // namespace
 
-ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int r) {
+ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int g) {
   const TensorInfo& info = m.tensor(t);
-  const Box shard = slab_box(info, tp_range(m.config(), info, layout.tp, r));
+  const Range range = stage_range(m.config(), info, layout, g);
+  const Box shard = slab_box(info, range);
   if (layout.packing == Packing::hf) return {t, 0, shard};
+  if (is_expert(info.kind)) {
+    // vLLM's stacked experts: w13 = per local expert [gate rows; up rows], w2 = per local
+    // expert [H, local Ie]; both named by the first local expert's gate or down.
+    const std::int64_t first = group_experts(m.config(), layout, expert_group(layout, g).group).lo;
+    const std::int64_t j = info.expert - first;
+    const std::int64_t block = range.size() * m.config().hidden;  // one local gate, up or down
+    const bool down = info.kind == K::expert_down;
+    const TensorId lead = *m.find(down ? K::expert_down : K::expert_gate, info.layer, static_cast<std::int32_t>(first));
+    const std::int64_t base = down ? j * block : j * 2 * block + (info.kind == K::expert_up ? block : 0);
+    return {lead, base, shard};
+  }
+  const int r = g % layout.tp;
   const auto group = fused_group(m.config(), info.kind);
   if (group.empty()) return {t, 0, shard};
   std::int64_t base = 0;
@@ -40,14 +53,16 @@ ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int
 }
 
 bool shares_buffer(const ModelConfig& m, TensorKind kind, Packing packing) {
-  return packing == Packing::fused && !fused_group(m, kind).empty();
+  return packing == Packing::fused && (is_expert(kind) || !fused_group(m, kind).empty());
 }
 
 std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing) {
   const TensorInfo& info = m.tensor(buffer);
-  if (packing == Packing::fused && !fused_group(m.config(), info.kind).empty()) {
+  if (packing == Packing::fused && shares_buffer(m.config(), info.kind, packing)) {
     const std::string p = "model.layers." + std::to_string(info.layer) + ".";
     switch (info.kind) {
+      case K::expert_gate: return p + "mlp.experts.w13_weight";
+      case K::expert_down: return p + "mlp.experts.w2_weight";
       case K::q: return p + "self_attn.qkv_proj.weight";
       case K::q_bias: return p + "self_attn.qkv_proj.bias";
       case K::gate: return p + "mlp.gate_up_proj.weight";

@@ -6,9 +6,9 @@ int split_axis(TensorKind k) {
   using K = TensorKind;
   switch (k) {
     case K::embed: case K::lm_head: case K::q: case K::q_bias: case K::k: case K::k_bias:
-    case K::v: case K::v_bias: case K::gate: case K::up:
+    case K::v: case K::v_bias: case K::gate: case K::up: case K::expert_gate: case K::expert_up:
       return 0;
-    case K::o: case K::down:
+    case K::o: case K::down: case K::expert_down:
       return 1;
     default:
       return -1;
@@ -32,8 +32,23 @@ Range tp_range(const ModelConfig& m, const TensorInfo& t, int tp, int r) {
     case K::k: case K::k_bias: case K::v: case K::v_bias:
       return times(kv_heads_of_rank(m, tp, r), m.head_dim);
     case K::gate: case K::up: case K::down: return part(m.intermediate, tp, r);
+    case K::expert_gate: case K::expert_up: case K::expert_down: return part(m.expert_intermediate, tp, r);
     default: return {0, t.shape[0]};
   }
+}
+
+ExpertGroup expert_group(const Layout& l, int g) {
+  const int k = l.expert_tp();
+  return {g / k, g % k};
+}
+
+Range group_experts(const ModelConfig& m, const Layout& l, int q) { return part(m.experts, l.expert_groups(), q); }
+
+Range stage_range(const ModelConfig& m, const TensorInfo& t, const Layout& l, int g) {
+  if (!is_expert(t.kind)) return tp_range(m, t, l.tp, g % l.tp);
+  const ExpertGroup eg = expert_group(l, g);
+  if (!group_experts(m, l, eg.group).contains(t.expert)) return {0, 0};
+  return tp_range(m, t, l.expert_tp(), eg.rank);
 }
 
 std::int64_t slab_width(const TensorInfo& t) {
@@ -55,9 +70,11 @@ Box slab_box(const TensorInfo& t, Range range) {
   return b;
 }
 
-std::optional<Box> shard_box(const ModelConfig& m, const Layout& l, int s, int r, const TensorInfo& t) {
+std::optional<Box> shard_box(const ModelConfig& m, const Layout& l, int s, int g, const TensorInfo& t) {
   if (!stage_holds(m, l, s, t)) return std::nullopt;
-  return slab_box(t, tp_range(m, t, l.tp, r));
+  const Range r = stage_range(m, t, l, g);
+  if (r.empty()) return std::nullopt;
+  return slab_box(t, r);
 }
 
 }  // namespace nereus

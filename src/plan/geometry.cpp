@@ -11,10 +11,18 @@ std::uint64_t bytes_per_element(const ModelConfig& m, bool train) {
 }
 
 UnitGeometry::UnitGeometry(std::shared_ptr<const ModelSpec> model) : model_(std::move(model)) {
+  // One representative layer of each class (dense, sparse): the first of its class.
+  const ModelConfig& c = model_->config();
+  std::int32_t rep[2] = {-1, -1};
+  for (std::int32_t l = 0; l < c.layers; ++l) {
+    const int k = c.sparse_layer(l) ? 1 : 0;
+    if (rep[k] < 0) rep[k] = l;
+  }
   for (TensorId t = 0; t < model_->tensors().size(); ++t) {
     const TensorInfo& info = model_->tensor(t);
     if (info.layer < 0) outside_.push_back(t);
-    else if (info.layer == 0) layer0_.push_back(t);
+    else if (info.layer == rep[0]) layer_rep_[0].push_back(t);
+    else if (info.layer == rep[1]) layer_rep_[1].push_back(t);
   }
 }
 
@@ -83,10 +91,11 @@ std::int64_t UnitGeometry::compute_overlap(const Position& target, std::span<con
   const ModelConfig& m = model_->config();
   std::vector<Range> have;
   auto tensor_overlap = [&](const TensorInfo& t, auto&& holds) {
-    const Range want = tp_range(m, t, target.layout->tp, target.r);
+    const Range want = stage_range(m, t, *target.layout, target.r);
+    if (want.empty()) return std::int64_t{0};
     have.clear();
     for (const Position& h : holders)
-      if (holds(h)) have.push_back(tp_range(m, t, h.layout->tp, h.r));
+      if (holds(h)) have.push_back(stage_range(m, t, *h.layout, h.r));
     return covered(want, have) * slab_width(t);
   };
   std::int64_t n = 0;
@@ -96,7 +105,8 @@ std::int64_t UnitGeometry::compute_overlap(const Position& target, std::span<con
     n += tensor_overlap(t, [&](const Position& h) { return stage_holds(m, *h.layout, h.s, t); });
   }
   // Layers: the target's layer range cut where a holder's stage range starts or ends; in
-  // each segment the same holders hold every layer, so one layer's overlap counts for all.
+  // each segment the same holders hold every layer, so one layer's overlap counts for all
+  // layers of its class (dense or sparse).
   const Range layers = target.layout->stage_layers(target.s, m.layers);
   std::vector<std::int64_t> cuts{layers.lo, layers.hi};
   std::vector<Range> held(holders.size());
@@ -109,13 +119,17 @@ std::int64_t UnitGeometry::compute_overlap(const Position& target, std::span<con
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
     const std::int64_t lo = cuts[c], len = cuts[c + 1] - cuts[c];
-    std::size_t i = 0;
-    for (TensorId id : layer0_) {
-      const TensorInfo& t = model_->tensor(id);
-      n += len * tensor_overlap(t, [&](const Position& h) {
-             i = static_cast<std::size_t>(&h - holders.data());
-             return held[i].contains(lo);
-           });
+    std::int64_t sparse = 0;
+    for (std::int64_t l = lo; l < cuts[c + 1]; ++l) sparse += m.sparse_layer(l);
+    for (int k = 0; k < 2; ++k) {
+      const std::int64_t count = k == 1 ? sparse : len - sparse;
+      if (count == 0) continue;
+      for (TensorId id : layer_rep_[k]) {
+        const TensorInfo& t = model_->tensor(id);
+        n += count * tensor_overlap(t, [&](const Position& h) {
+               return held[static_cast<std::size_t>(&h - holders.data())].contains(lo);
+             });
+      }
     }
   }
   return n;

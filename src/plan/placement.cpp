@@ -27,7 +27,7 @@ struct Position {
   int profile;        ///< (layout, stage, rank) id
   DeviceId home;      ///< device of the given order
   std::uint32_t unit;
-  int slot;           ///< index s·tp + r inside the unit's GPU list
+  int slot;           ///< index s·tp·ep + g inside the unit's GPU list
 };
 
 constexpr std::int64_t kForbidden = -(std::int64_t{1} << 52);
@@ -55,12 +55,12 @@ Collection optimize_placement(std::span<const Collection> sources, const Collect
   for (std::uint32_t u = 0; u < ix.target.units.size(); ++u) {
     const Emu& e = ix.target.units[u];
     for (int s = 0; s < e.layout.pp; ++s)
-      for (int r = 0; r < e.layout.tp; ++r) {
+      for (int r = 0; r < e.layout.stage_size(); ++r) {
         const std::vector<int> key{ix.target_layout[u], s, r};
         const int before = dst_prof.size();
         const int id = dst_prof.id(key);
         if (dst_prof.size() > before) dst_keys.push_back({key[0], key[1], key[2]});
-        positions.push_back({id, e.device(s, r), u, s * e.layout.tp + r});
+        positions.push_back({id, e.device(s, r), u, s * e.layout.stage_size() + r});
       }
   }
 
@@ -72,11 +72,12 @@ Collection optimize_placement(std::span<const Collection> sources, const Collect
       for (std::size_t a = 0; a < src_keys.size(); ++a) {
         const auto [c, lay, s, r] = src_keys[a];
         if (!g.eligible[c] || !t.stages[lay].has(s)) continue;
-        const Range have = ix.ranges(lay, t.kind)[r];
+        const Range have = ix.ranges(lay, t.cls)[r];
+        if (have.empty()) continue;
         for (std::size_t b = 0; b < dst_keys.size(); ++b) {
           const auto [dlay, ds, dr] = dst_keys[b];
           if (!t.stages[dlay].has(ds)) continue;
-          W[a][b] += have.intersect(ix.ranges(dlay, t.kind)[dr]).size() * per_elem;
+          W[a][b] += have.intersect(ix.ranges(dlay, t.cls)[dr]).size() * per_elem;
         }
       }
     }

@@ -71,11 +71,13 @@ class Planner {
       const Emu& e = ix_.target.units[u];
       const int lay = ix_.target_layout[u];
       const StageSet& ss = t.stages[lay];
+      const auto& ranges = ix_.ranges(lay, t.cls);
       for (int si = 0; si < ss.n; ++si)
-        for (int r = 0; r < e.layout.tp; ++r) {
+        for (int r = 0; r < e.layout.stage_size(); ++r) {
+          if (ranges[r].empty()) continue;  // an expert outside this position's group
           Piece base{ti, u, static_cast<std::uint16_t>(ss.s[si]), static_cast<std::uint16_t>(r), gi,
                      false, false, 0, e.device(ss.s[si], r), {}};
-          plan_destination(t, g, base, ix_.ranges(lay, t.kind)[r], e.layout.packing, per_elem, copies);
+          plan_destination(t, g, base, ranges[r], e.layout.packing, per_elem, copies);
         }
     }
   }
@@ -88,7 +90,7 @@ class Planner {
     for (std::uint32_t hi : ix_.by_device.of(base.dst)) {
       const Holding& h = ix_.holdings[hi];
       if (!holds(h, t, g)) continue;
-      const Range have = ix_.ranges(h.layout, t.kind)[h.r];
+      const Range have = ix_.ranges(h.layout, t.cls)[h.r];
       if (!have.intersect(want).empty()) locals_.push_back({have, hi});
     }
     std::stable_sort(locals_.begin(), locals_.end(),
@@ -134,12 +136,12 @@ class Planner {
         if (l < best_load) {
           best = hi;
           best_load = l;
-          best_range = ix_.ranges(h.layout, t.kind)[h.r];
+          best_range = ix_.ranges(h.layout, t.cls)[h.r];
         }
       };
       for (std::uint32_t hi : ix_.by_node.of(node)) {
         const Holding& h = ix_.holdings[hi];
-        if (holds(h, t, g) && ix_.ranges(h.layout, t.kind)[h.r].contains(x)) consider(hi);
+        if (holds(h, t, g) && ix_.ranges(h.layout, t.cls)[h.r].contains(x)) consider(hi);
       }
       if (best == UINT32_MAX) scan_all_sources(t, g, x, consider);
       if (best == UINT32_MAX)
@@ -168,7 +170,7 @@ class Planner {
     }
   }
 
-  /// Every source position holding element x, in collection/unit/stage/rank order.
+  /// Every source position holding element x, in collection/unit/stage/range order.
   template <class F>
   void scan_all_sources(const Template& t, const SlotGroup& g, std::int64_t x, F&& consider) const {
     std::uint32_t hi = 0;  // holdings are laid out c, u, s, r in order
@@ -177,10 +179,11 @@ class Planner {
         const Layout& lay = ix_.sources[c].units[u].layout;
         const int li = ix_.source_layout[c][u];
         if (g.eligible[c]) {
-          const auto [r0, r1] = ix_.ranks_containing(li, t.kind, x);
           const StageSet& ss = t.stages[li];
           for (int si = 0; si < ss.n; ++si)
-            for (int r = r0; r < r1; ++r) consider(hi + static_cast<std::uint32_t>(ss.s[si] * lay.tp + r));
+            ix_.positions_containing(li, t.cls, x, [&](int r) {
+              consider(hi + static_cast<std::uint32_t>(ss.s[si] * lay.stage_size() + r));
+            });
         }
         hi += static_cast<std::uint32_t>(lay.size());
       }

@@ -10,6 +10,12 @@ namespace nereus {
 
 namespace {
 
+/// Shard class of a tensor: its kind, or kTensorKinds + 3·expert + (expert kind offset).
+std::uint32_t class_of(const TensorInfo& t) {
+  if (!is_expert(t.kind)) return static_cast<std::uint32_t>(t.kind);
+  return static_cast<std::uint32_t>(kTensorKinds + 3 * t.expert + (static_cast<int>(t.kind) - static_cast<int>(TensorKind::expert_gate)));
+}
+
 HoldingLists group_by(const std::vector<Holding>& hs, std::int64_t keys, auto key_of) {
   HoldingLists out;
   out.start.assign(static_cast<std::size_t>(keys + 1), 0);
@@ -44,23 +50,34 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
   }
   const ModelConfig& cfg = model_->config();
 
-  // Layouts, and per layout the TP ranges of each kind (tensors of a kind share shapes).
+  // Layouts, and per layout the ranges of each shard class by in-stage index (tensors of
+  // a class share shapes). A class is a kind, or for experts one expert's kind.
   for (const Collection& c : sources) {
     auto& v = source_layout.emplace_back();
     for (const Emu& u : c.units) v.push_back(layout_index(u.layout));
   }
   for (const Emu& u : target.units) target_layout.push_back(layout_index(u.layout));
-  ranges_.resize(layouts.size());
-  std::array<const TensorInfo*, kTensorKinds> rep{};
+  std::vector<const TensorInfo*> rep(static_cast<std::size_t>(kTensorKinds + 3 * cfg.experts), nullptr);
   for (const TensorInfo& t : model_->tensors())
-    if (!rep[static_cast<int>(t.kind)]) rep[static_cast<int>(t.kind)] = &t;
-  for (std::size_t li = 0; li < layouts.size(); ++li)
-    for (int k = 0; k < kTensorKinds; ++k)
-      if (rep[k])
-        for (int r = 0; r < layouts[li].tp; ++r)
-          ranges_[li][k].push_back(tp_range(cfg, *rep[k], layouts[li].tp, r));
+    if (!rep[class_of(t)]) rep[class_of(t)] = &t;
+  ranges_.resize(layouts.size());
+  by_lo_.resize(layouts.size());
+  for (std::size_t li = 0; li < layouts.size(); ++li) {
+    ranges_[li].resize(rep.size());
+    by_lo_[li].resize(rep.size());
+    for (std::size_t k = 0; k < rep.size(); ++k) {
+      if (!rep[k]) continue;
+      for (int g = 0; g < layouts[li].stage_size(); ++g) {
+        const Range r = stage_range(cfg, *rep[k], layouts[li], g);
+        ranges_[li][k].push_back(r);
+        if (!r.empty()) by_lo_[li][k].push_back({r, g});
+      }
+      std::stable_sort(by_lo_[li][k].begin(), by_lo_[li][k].end(),
+                       [](const RangeAt& a, const RangeAt& b) { return a.range.lo < b.range.lo; });
+    }
+  }
 
-  // Templates: embedding, layer groups × kinds, final norm, lm_head or score.
+  // Templates: embedding, layer groups × kinds (× experts), final norm, lm_head or score.
   auto stage_sets = [&](const TensorInfo& t) {
     std::vector<StageSet> sets(layouts.size());
     for (std::size_t li = 0; li < layouts.size(); ++li)
@@ -70,25 +87,31 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
   };
   auto single = [&](TensorId id) {
     const TensorInfo& t = model_->tensor(id);
-    templates.push_back({t.kind, {id}, stage_sets(t), slab_width(t)});
+    templates.push_back({t.kind, class_of(t), {id}, stage_sets(t), slab_width(t)});
   };
   single(*model_->find(TensorKind::embed));
+  // Layers group by their stage in every layout and by class (dense or sparse).
   std::map<std::vector<std::int16_t>, std::size_t> group_of;
   std::vector<std::vector<std::int32_t>> layer_groups;
   for (std::int32_t l = 0; l < cfg.layers; ++l) {
-    std::vector<std::int16_t> key;
+    std::vector<std::int16_t> key{static_cast<std::int16_t>(cfg.sparse_layer(l))};
     for (const Layout& lay : layouts) key.push_back(static_cast<std::int16_t>(lay.stage_of(l, cfg.layers)));
     auto [it, fresh] = group_of.try_emplace(key, layer_groups.size());
     if (fresh) layer_groups.emplace_back();
     layer_groups[it->second].push_back(l);
   }
-  for (const auto& layers : layer_groups)
-    for (TensorKind k : model_->layer_kinds()) {
-      Template t{k, {}, stage_sets(model_->tensor(*model_->find(k, layers[0]))), 0};
-      for (std::int32_t l : layers) t.tensors.push_back(*model_->find(k, l));
-      t.slab_width = slab_width(model_->tensor(t.tensors[0]));
-      templates.push_back(std::move(t));
+  for (const auto& layers : layer_groups) {
+    const bool sparse = cfg.sparse_layer(layers[0]);
+    for (TensorKind k : model_->layer_kinds(sparse)) {
+      const std::int32_t experts = is_expert(k) ? static_cast<std::int32_t>(cfg.experts) : 1;
+      for (std::int32_t x = 0; x < experts; ++x) {
+        const TensorInfo& first = model_->tensor(*model_->find(k, layers[0], x));
+        Template t{k, class_of(first), {}, stage_sets(first), slab_width(first)};
+        for (std::int32_t l : layers) t.tensors.push_back(*model_->find(k, l, x));
+        templates.push_back(std::move(t));
+      }
     }
+  }
   single(*model_->find(TensorKind::final_norm));
   if (auto head = model_->find(TensorKind::lm_head)) single(*head);
   if (auto score = model_->find(TensorKind::score)) single(*score);
@@ -118,23 +141,15 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
     for (std::uint32_t u = 0; u < sources[c].units.size(); ++u) {
       const Emu& e = sources[c].units[u];
       for (int s = 0; s < e.layout.pp; ++s)
-        for (int r = 0; r < e.layout.tp; ++r)
-          holdings.push_back({c, u, static_cast<std::uint16_t>(s), static_cast<std::uint16_t>(r),
-                              source_layout[c][u], e.device(s, r)});
+        for (int g = 0; g < e.layout.stage_size(); ++g)
+          holdings.push_back({c, u, static_cast<std::uint16_t>(s), static_cast<std::uint16_t>(g),
+                              source_layout[c][u], e.device(s, g)});
     }
   for (const Holding& h : holdings) max_device = std::max(max_device, h.dev);
   for (DeviceId d : target.devices()) max_device = std::max(max_device, d);
   by_device = group_by(holdings, max_device + 1, [](const Holding& h) { return h.dev; });
   by_node = group_by(holdings, max_device / gpus_per_node + 1,
                      [this](const Holding& h) { return node_of(h.dev); });
-}
-
-std::pair<int, int> ReshardIndex::ranks_containing(int layout, TensorKind k, std::int64_t x) const {
-  const auto& rs = ranges(layout, k);
-  auto first = std::partition_point(rs.begin(), rs.end(), [x](const Range& r) { return r.hi <= x; });
-  auto last = first;
-  while (last != rs.end() && last->lo <= x) ++last;
-  return {static_cast<int>(first - rs.begin()), static_cast<int>(last - rs.begin())};
 }
 
 }  // namespace nereus

@@ -3,6 +3,7 @@
 // transition, computed once: distinct layouts and their TP range tables, tensor
 // templates (tensors that share a shard pattern: one kind, layers whose stage is the
 // same in every layout), slot groups, and the source positions by device and by node.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -13,7 +14,8 @@
 
 namespace nereus {
 
-/// One source position: collection c, unit u, stage s, rank r, on device dev.
+/// One source position: collection c, unit u, stage s, in-stage index r (g = e·tp + tensor
+/// rank), on device dev.
 struct Holding {
   std::uint32_t c;
   std::uint32_t u;
@@ -30,9 +32,11 @@ struct StageSet {
   bool has(int x) const { return (n > 0 && s[0] == x) || (n > 1 && s[1] == x); }
 };
 
-/// Tensors of one kind whose shards follow the same pattern in every layout.
+/// Tensors of one kind (and, for experts, one expert) whose shards follow the same
+/// pattern in every layout.
 struct Template {
   TensorKind kind;
+  std::uint32_t cls;              ///< shard class: the kind, or one expert's kind
   std::vector<TensorId> tensors;  ///< one per layer of the group
   std::vector<StageSet> stages;   ///< per layout index
   std::int64_t slab_width;        ///< elements per unit of the split axis
@@ -61,12 +65,18 @@ class ReshardIndex {
   ReshardIndex(std::span<const Collection> sources, const Collection& target, int gpus_per_node);
 
   const ModelSpec& model() const { return *model_; }
-  const std::vector<Range>& ranges(int layout, TensorKind k) const {
-    return ranges_[layout][static_cast<int>(k)];
-  }
+  /// Ranges of a shard class along its split axis, by in-stage index (empty where the
+  /// position holds none of it: an expert outside its group).
+  const std::vector<Range>& ranges(int layout, std::uint32_t cls) const { return ranges_[layout][cls]; }
   int node_of(DeviceId d) const { return d / gpus_per_node; }
-  /// Ranks r of `layout` whose range of kind k contains x (ranges are sorted by rank).
-  std::pair<int, int> ranks_containing(int layout, TensorKind k, std::int64_t x) const;
+  /// Calls f(g) for each in-stage index g of `layout` whose range of class cls contains x.
+  template <class F>
+  void positions_containing(int layout, std::uint32_t cls, std::int64_t x, F&& f) const {
+    const auto& sorted = by_lo_[layout][cls];
+    auto it = std::partition_point(sorted.begin(), sorted.end(), [x](const RangeAt& r) { return r.range.hi <= x; });
+    for (; it != sorted.end() && it->range.lo <= x; ++it)
+      if (it->range.contains(x)) f(it->g);
+  }
 
   std::shared_ptr<const ModelSpec> model_;
   std::vector<Collection> sources;
@@ -83,7 +93,12 @@ class ReshardIndex {
   DeviceId max_device = 0;  ///< largest device id of sources and target
 
  private:
-  std::vector<std::array<std::vector<Range>, kTensorKinds>> ranges_;
+  struct RangeAt {
+    Range range;
+    int g;
+  };
+  std::vector<std::vector<std::vector<Range>>> ranges_;    // [layout][class][g]
+  std::vector<std::vector<std::vector<RangeAt>>> by_lo_;   // [layout][class]: non-empty, by lo
   std::uint16_t layout_index(const Layout& l);
 };
 

@@ -71,7 +71,7 @@ const std::vector<std::uint64_t>& TransitionCompiler::footprint(std::size_t stag
   auto& f = footprints_[stage][id];
   if (f.empty())
     for (int s = 0; s < layout.pp; ++s)
-      for (int r = 0; r < layout.tp; ++r)
+      for (int r = 0; r < layout.stage_size(); ++r)
         f.push_back(static_cast<std::uint64_t>(geo_[stage]->elements(UnitGeometry::code(id, s, r))) * bpe_[stage]);
   return f;
 }
@@ -139,7 +139,7 @@ void TransitionCompiler::validate() {
       const Emu& e = g_.from[i].units[j];
       const int id = geo_[i]->intern(e.layout);
       for (int s = 0; s < e.layout.pp; ++s)
-        for (int r = 0; r < e.layout.tp; ++r)
+        for (int r = 0; r < e.layout.stage_size(); ++r)
           holders_on_[static_cast<std::size_t>(e.device(s, r))].push_back(
               {static_cast<std::uint16_t>(i), j, UnitGeometry::code(id, s, r)});
     }
@@ -351,13 +351,13 @@ void TransitionCompiler::classify_builds() {
       const int lid = geo_[i]->intern(e.layout);
       const auto& fp = footprint(i, e.layout);
       for (int s = 0; s < e.layout.pp; ++s)
-        for (int r = 0; r < e.layout.tp; ++r) {
+        for (int r = 0; r < e.layout.stage_size(); ++r) {
           const DeviceId d = e.device(s, r);
           here.clear();
           if (!far)  // a far donor holds nothing here
             for (const Holder& h : holders_on_[static_cast<std::size_t>(d)])
               if (eligible(h.stage, i)) here.push_back(h.code);
-          const std::uint64_t want = fp[static_cast<std::size_t>(s * e.layout.tp + r)];
+          const std::uint64_t want = fp[static_cast<std::size_t>(s * e.layout.stage_size() + r)];
           const auto local = static_cast<std::uint64_t>(geo_[i]->overlap(UnitGeometry::code(lid, s, r), here)) * bpe_[i];
           const std::uint64_t remote = want - local;
           node.unit_bytes += want;
@@ -367,7 +367,7 @@ void TransitionCompiler::classify_builds() {
           DeviceId from = d;
           if (has_donor) {
             const Emu& de = g_.emu(donor);
-            from = de.gpus[static_cast<std::size_t>(s * e.layout.tp + r) % de.gpus.size()];
+            from = de.gpus[static_cast<std::size_t>(s * e.layout.stage_size() + r) % de.gpus.size()];
           } else if (remote > 0) {
             for (const UnitRef& x : src)
               for (DeviceId o : g_.emu(x).gpus)

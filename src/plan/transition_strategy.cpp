@@ -14,11 +14,14 @@ namespace nereus::detail {
 
 namespace {
 
-/// The largest layout both `a` and `b` split into: gcd of TP and of PP.
+/// The largest layout both `a` and `b` split into: gcd of TP, of PP and of EP (and of the
+/// expert TP degrees); none when that layout is invalid for the model.
 std::optional<Layout> common_sub_layout(const ModelConfig& m, const Layout& a, const Layout& b) {
   Layout c;
   c.tp = std::gcd(a.tp, b.tp);
   c.pp = std::gcd(a.pp, b.pp);
+  c.ep = std::gcd(a.ep, b.ep);
+  if (m.moe()) c.etp = std::gcd(a.expert_tp(), b.expert_tp());
   if (c.pp == b.pp) c.partition = b.partition;
   else if (c.pp == a.pp) c.partition = a.partition;
   c.packing = b.packing;
@@ -83,7 +86,7 @@ void TransitionCompiler::decide_strategies() {
           const int cs = c.size();
           for (int k = 0; k < e.layout.size(); ++k) {
             const DeviceId dev = e.gpus[static_cast<std::size_t>(k)];
-            const std::uint32_t mid = UnitGeometry::code(cid, (k % cs) / c.tp, (k % cs) % c.tp);
+            const std::uint32_t mid = UnitGeometry::code(cid, (k % cs) / c.stage_size(), (k % cs) % c.stage_size());
             here.clear();
             for (const Holder& h : holders_on_[static_cast<std::size_t>(dev)])
               if (eligible(h.stage, i)) here.push_back(h.code);
@@ -91,7 +94,7 @@ void TransitionCompiler::decide_strategies() {
             path += static_cast<std::uint64_t>(mid_el - geo_[i]->overlap(mid, here)) * bpe_[i];
             extra_memory = std::max(extra_memory, static_cast<std::uint64_t>(mid_el) * bpe_[i]);
             here.push_back(mid);
-            const std::uint32_t p = UnitGeometry::code(geo_[i]->intern(e.layout), k / e.layout.tp, k % e.layout.tp);
+            const std::uint32_t p = UnitGeometry::code(geo_[i]->intern(e.layout), k / e.layout.stage_size(), k % e.layout.stage_size());
             path += static_cast<std::uint64_t>(geo_[i]->elements(p) - geo_[i]->overlap(p, here)) * bpe_[i];
           }
         }

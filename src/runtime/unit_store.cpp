@@ -28,13 +28,13 @@ std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t si
   std::vector<BufferSpec> out;
   for (const Emu& u : c.units)
     for (int s = 0; s < u.layout.pp; ++s)
-      for (int r = 0; r < u.layout.tp; ++r) {
-        const DeviceId d = u.device(s, r);
+      for (int g = 0; g < u.layout.stage_size(); ++g) {
+        const DeviceId d = u.device(s, g);
         if (!want.count(d)) continue;
         std::map<TensorId, std::vector<BufferSpec::Part>> parts;
         for (TensorId t = 0; t < m.tensors().size(); ++t) {
-          if (!stage_holds(m.config(), u.layout, s, m.tensor(t))) continue;
-          const ShardPlace p = place_shard(m, t, u.layout, r);
+          if (!shard_box(m.config(), u.layout, s, g, m.tensor(t))) continue;
+          const ShardPlace p = place_shard(m, t, u.layout, g);
           parts[p.buffer].push_back({t, p.shard, p.base});
         }
         for (const auto& [lead, ps] : parts)

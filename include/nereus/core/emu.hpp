@@ -24,12 +24,13 @@ std::string_view to_string(Slot s);
 /// Element type of a slot: the model dtype for param, float32 for optimizer state.
 DType slot_dtype(Slot s, DType param_dtype);
 
-/// One replica of one model-stage: a layout and its ordered GPU list R (|R| = tp·pp).
+/// One replica of one model-stage: a layout and its ordered GPU list R (|R| = tp·pp·ep).
 struct Emu {
   Layout layout;
   std::vector<DeviceId> gpus;
-  /// Device of position (pipeline stage s, tensor rank r): R[s·tp + r].
-  DeviceId device(int s, int r) const { return gpus[static_cast<std::size_t>(s * layout.tp + r)]; }
+  /// Device of position (pipeline stage s, in-stage index g = e·tp + r): R[s·tp·ep + g].
+  /// A dense layout has ep = 1, so g is the tensor rank r.
+  DeviceId device(int s, int g) const { return gpus[static_cast<std::size_t>(s * layout.stage_size() + g)]; }
 };
 
 /// All replicas (dp units) of one model-stage of one model, on disjoint GPUs.

@@ -16,21 +16,30 @@ enum class Packing : std::uint8_t { hf, fused };
 
 std::string_view to_string(Packing p);
 
-/// Parallel layout of one unit: TP degree, PP degree, layers per stage, packing.
+/// Parallel layout of one unit: TP degree, PP degree, layers per stage, packing, and for
+/// mixture-of-experts models the expert-parallel degree ep (attention copies inside the
+/// unit) and the expert tensor-parallel degree etp (sharding.md).
 struct Layout {
   int tp = 1;
   int pp = 1;
   std::vector<int> partition;  ///< layers per stage; empty: part(L, pp, s)
   Packing packing = Packing::hf;
+  int ep = 1;
+  int etp = 0;  ///< 0: the default, tp
 
-  int size() const { return tp * pp; }
+  /// GPUs of one pipeline stage: tp·ep; position (s, g = e·tp + r) is R[s·tp·ep + g].
+  int stage_size() const { return tp * ep; }
+  int size() const { return tp * pp * ep; }
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  /// Expert groups per stage: tp·ep / etp.
+  int expert_groups() const { return stage_size() / expert_tp(); }
   /// Layers [lo, hi) held by pipeline stage s of a model with L layers.
   Range stage_layers(int s, std::int64_t L) const;
   /// Pipeline stage holding layer l.
   int stage_of(std::int64_t layer, std::int64_t L) const;
   /// Same shards (packing aside).
   bool same_sharding(const Layout& o) const {
-    return tp == o.tp && pp == o.pp && partition == o.partition;
+    return tp == o.tp && pp == o.pp && partition == o.partition && ep == o.ep && expert_tp() == o.expert_tp();
   }
   bool operator==(const Layout&) const = default;
 };
@@ -39,17 +48,18 @@ struct Layout {
 /// multiple of the KV heads (sharding.md).
 bool valid_tp(const ModelConfig& model, int tp);
 
-/// Throws Error unless `layout` is valid for `model` (sharding.md validity rules).
+/// Throws Error unless `layout` is valid for `model` (sharding.md validity rules); the
+/// message names the rule that failed.
 void validate_layout(const ModelConfig& model, const Layout& layout);
 
 /// A parsed layout spec: layout, dp degree and the concatenated R lists.
 struct CollectionSpec {
   Layout layout;
   int dp = 1;
-  std::vector<DeviceId> devices;  ///< tp·pp·dp ids; filled with 0.. when not given
+  std::vector<DeviceId> devices;  ///< tp·pp·ep·dp ids; filled with 0.. when not given
 };
 
-/// Parses `tp=T,pp=P,dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused]`.
+/// Parses `tp=T,pp=P[,ep=X[,etp=K]],dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused]`.
 /// Every error names the offending key and value.
 CollectionSpec parse_collection_spec(std::string_view spec);
 

@@ -15,7 +15,7 @@
 namespace nereus {
 
 /// Architecture families whose tensor lists sharding.md defines.
-enum class Arch : std::uint8_t { llama, qwen2, qwen3 };
+enum class Arch : std::uint8_t { llama, qwen2, qwen3, qwen3_moe };
 
 std::string_view to_string(Arch a);
 
@@ -36,7 +36,17 @@ struct ModelConfig {
   bool qkv_bias = false;  ///< qwen2 always; llama with attention_bias
   bool qk_norm = false;   ///< qwen3
   DType dtype = DType::bf16;
+  // Mixture of experts (qwen3_moe; sharding.md, "Mixture-of-experts models"). A dense
+  // model has experts == 0.
+  std::int64_t experts = 0;               ///< E (num_experts)
+  std::int64_t experts_per_token = 0;     ///< num_experts_per_tok
+  std::int64_t expert_intermediate = 0;   ///< Ie (moe_intermediate_size)
+  std::int64_t sparse_step = 1;           ///< decoder_sparse_step
+  std::vector<std::int64_t> dense_layers; ///< mlp_only_layers
 
+  bool moe() const { return experts > 0; }
+  /// Whether layer l has the router and experts instead of the dense MLP.
+  bool sparse_layer(std::int64_t l) const;
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -46,18 +56,23 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view orig
 /// What a tensor is; decides its TP rule and its pipeline stage.
 enum class TensorKind : std::uint8_t {
   embed, input_norm, q, q_bias, k, k_bias, v, v_bias, q_norm, k_norm, o, post_norm,
-  gate, up, down, final_norm, lm_head, score
+  gate, up, down, final_norm, lm_head, score,
+  router, expert_gate, expert_up, expert_down  // sparse layers of qwen3_moe
 };
 /// How many TensorKinds there are (arrays indexed by kind).
-inline constexpr int kTensorKinds = static_cast<int>(TensorKind::score) + 1;
+inline constexpr int kTensorKinds = static_cast<int>(TensorKind::expert_down) + 1;
+/// Whether a kind is one expert's projection (held by its expert group only).
+inline bool is_expert(TensorKind k) { return k >= TensorKind::expert_gate; }
 
-/// One Hugging Face tensor: name, kind, layer (-1 outside layers) and shape.
+/// One Hugging Face tensor: name, kind, layer (-1 outside layers), shape, and the expert
+/// (-1 unless an expert kind).
 struct TensorInfo {
   std::string name;
   TensorKind kind;
   std::int32_t layer;
   int rank;                          ///< 1 or 2
   std::array<std::int64_t, 2> shape; ///< [out, in]; shape[1] unused when rank is 1
+  std::int32_t expert = -1;
   std::int64_t elements() const { return rank == 1 ? shape[0] : shape[0] * shape[1]; }
 };
 
@@ -66,6 +81,7 @@ using TensorId = std::uint32_t;
 
 /// A model: its config and the tensor list of sharding.md, in a fixed order
 /// (embedding, each layer in order, final norm, then lm_head or a score head's score).
+/// A sparse layer lists attention, post norm, the router, then per expert gate, up, down.
 class ModelSpec {
  public:
   ModelSpec(std::string name, ModelConfig config);
@@ -74,10 +90,14 @@ class ModelSpec {
   const ModelConfig& config() const { return config_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo& tensor(TensorId id) const { return tensors_[id]; }
-  /// Per-layer kinds present in this architecture, in tensor-list order.
-  const std::vector<TensorKind>& layer_kinds() const { return layer_kinds_; }
-  /// The tensor of `kind` in `layer` (layer ignored for non-layer kinds), if present.
-  std::optional<TensorId> find(TensorKind kind, std::int32_t layer = -1) const;
+  /// Kinds of a dense (or, with sparse, a sparse) layer, in tensor-list order; each expert
+  /// kind stands for E tensors.
+  const std::vector<TensorKind>& layer_kinds(bool sparse = false) const {
+    return sparse ? sparse_kinds_ : layer_kinds_;
+  }
+  /// The tensor of `kind` in `layer` (layer ignored for non-layer kinds; expert only for
+  /// expert kinds), if present.
+  std::optional<TensorId> find(TensorKind kind, std::int32_t layer = -1, std::int32_t expert = 0) const;
   std::optional<TensorId> find(std::string_view name) const;
   /// Parameter count of one full replica (a tied embedding counted once).
   std::int64_t parameters() const;
@@ -86,8 +106,13 @@ class ModelSpec {
   std::string name_;
   ModelConfig config_;
   std::vector<TensorInfo> tensors_;
-  std::vector<TensorKind> layer_kinds_;
-  std::array<std::int32_t, kTensorKinds> kind_slot_{};  // position of a per-layer kind in a layer, -1 if absent
+  std::vector<TensorKind> layer_kinds_;   // dense layers
+  std::vector<TensorKind> sparse_kinds_;  // sparse layers (empty for a dense model)
+  std::vector<TensorId> layer_start_;     // first tensor of each layer, then the final norm
+  // Position of a per-layer kind in a dense / sparse layer, -1 if absent (an expert kind:
+  // the position of expert 0's tensor).
+  std::array<std::int32_t, kTensorKinds> kind_slot_{};
+  std::array<std::int32_t, kTensorKinds> sparse_slot_{};
   std::unordered_map<std::string, TensorId> by_name_;
 };
 

@@ -18,11 +18,12 @@ struct ShardPlace {
   Box shard;
 };
 
-/// Place of tensor t at (tp, rank r) under `packing`. The stage must hold t.
-ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int r);
+/// Place of tensor t at in-stage index g (g = e·tp + r) under the layout's packing. The
+/// position must hold t.
+ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int g);
 
 /// Name of the local buffer that starts with tensor `buffer` under `packing`
-/// (e.g. "model.layers.3.self_attn.qkv_proj.weight").
+/// (e.g. "model.layers.3.self_attn.qkv_proj.weight", "model.layers.3.mlp.experts.w13_weight").
 std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing);
 
 /// Whether tensors of `kind` share a local buffer with others under `packing`.

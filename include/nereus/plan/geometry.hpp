@@ -15,7 +15,8 @@
 
 namespace nereus {
 
-/// One position of a unit: its layout and (pipeline stage, tensor rank).
+/// One position of a unit: its layout, pipeline stage s and in-stage index r (g = e·tp +
+/// tensor rank; the tensor rank itself for a dense layout).
 struct Position {
   const Layout* layout;
   int s;
@@ -64,7 +65,7 @@ class UnitGeometry {
   std::shared_ptr<const ModelSpec> model_;
   std::deque<Layout> layouts_;  // stable addresses
   std::unordered_map<std::uint32_t, std::int64_t> elements_;
-  std::vector<TensorId> layer0_;   // tensors of layer 0, one per per-layer kind
+  std::array<std::vector<TensorId>, 2> layer_rep_;  // tensors of the first dense / sparse layer
   std::vector<TensorId> outside_;  // tensors outside the layers
   std::unordered_map<Key, std::int64_t, KeyHash> memo_;
 };
