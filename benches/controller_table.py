@@ -25,6 +25,11 @@ cases = [  # (trace name, cluster, trace file, jobs, transitions mode)
      ["ppo-llama-3.1-8b"], "boundary"),
     ("growth-1024gpu", "paper-cluster-1-mi250x", os.path.join(here, "examples", "traces", "growth-1024gpu.jsonl"),
      ["ppo-llama-3.1-8b"], "overlap"),
+    # Mixture of experts: GRPO on Qwen3-30B-A3B, expert-parallel layouts searched.
+    ("length-growth-64gpu", "paper-cluster-3-h200", os.path.join(shared, "traces", "length-growth-64gpu.jsonl"),
+     [os.path.join(here, "examples", "jobs", "grpo-qwen3-30b-a3b.json")], "overlap"),
+    ("spot-16-64gpu", "paper-cluster-3-h200", os.path.join(shared, "traces", "spot-16-64gpu.jsonl"),
+     [os.path.join(here, "examples", "jobs", "grpo-qwen3-30b-a3b.json")], "overlap"),
 ]
 policies = ["nereus", "static", "static-max", "greedy", "every:3"]
 print("| trace | prompts/step | transitions | policy | mean s/step (computing) | vs static | transitions: count, s, exposed s | "

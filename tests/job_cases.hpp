@@ -15,13 +15,13 @@
 
 namespace testcase {
 
-/// A PPO job over very small models: actor and reference a qwen3 (q/k norms), critic and
-/// reward a llama with attention biases and tied embeddings (different architectures, so
-/// roles never mix up). 16 sequences a step.
-inline nereus::JobSpec tiny_ppo_job() {
+/// A PPO job over very small models: actor and reference a qwen3 (q/k norms; with `moe`,
+/// the qwen3_moe of cases.hpp), critic and reward a llama with attention biases and tied
+/// embeddings (different architectures, so roles never mix up). 16 sequences a step.
+inline nereus::JobSpec tiny_ppo_job(bool moe = false) {
   nereus::JobSpec j;
   j.algorithm = nereus::Algorithm::ppo;
-  auto qwen = synthetic("tiny-qwen3");
+  auto qwen = synthetic(moe ? "tiny-moe-odd" : "tiny-qwen3");
   auto llama = synthetic("tiny-llama-bias");
   j.models = {{"actor", qwen}, {"critic", llama}, {"reference", qwen}, {"reward", llama}};
   j.prompts_per_step = 16;

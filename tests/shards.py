@@ -65,3 +65,17 @@ def check_dump(nereus, d, model, sample=40):
             break
     check(ok, f"dumped shards of {model} match the fill recomputed from the manifest")
     check(any("parts" in f for f in files) or not any("qkv" in f["file"] for f in files), "fused buffers list their parts")
+
+
+def expert_holders(experts, tp, pp_stage_devices, ep=1, etp=None):
+    """sharding.md's expert rule for one pipeline stage whose GPUs (in R order, tp·ep of
+    them) are `pp_stage_devices`: {expert: {device: expert rank}}."""
+    etp = etp or tp
+    groups = tp * ep // etp
+    out = {}
+    for g, dev in enumerate(pp_stage_devices):
+        q, t = divmod(g, etp)
+        lo, hi = q * experts // groups, (q + 1) * experts // groups
+        for x in range(lo, hi):
+            out.setdefault(x, {})[dev] = t
+    return out

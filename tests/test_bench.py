@@ -10,7 +10,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import check, check_perfetto, check_plot, finish  # noqa: E402
-from shards import check_dump  # noqa: E402
+from shards import check_dump, expert_holders  # noqa: E402
 
 NEREUS = sys.argv[1]
 
@@ -82,6 +82,30 @@ with tempfile.TemporaryDirectory() as d:
                        "--train", "--transport", "ucx", "--procs", "2", "--dump", d, "--repeat", "1")
     check(rc == 0, f"ucx bench with --dump ({err.strip()[-300:]})")
     check_dump(NEREUS, d, "tiny-qwen2-tied")
+
+# Mixture of experts: EP training layouts to TP (fused, vLLM's w13/w2) generation layouts and
+# back, local and over UCX, verified; the dumped experts sit where sharding.md's expert
+# rule puts them (recomputed here from the layout alone).
+for extra, src, dst, flag in [([], "tp=1,pp=2,ep=4,etp=1,dp=1", "tp=2,pp=1,dp=4,packing=fused", "--sync"),
+                              ([], "tp=2,pp=1,dp=2", "tp=1,pp=2,ep=2,etp=1,dp=1", "--train"),
+                              (["--transport", "ucx", "--procs", "2"], "tp=2,pp=2,ep=2,etp=4,dp=1",
+                               "tp=2,pp=1,ep=2,etp=1,dp=2,packing=fused", "--train")]:
+    rc, j, err = bench("--model", "tiny-qwen3-moe", "--from", src, "--to", dst, flag, "--verify", "--repeat", "1", *extra)
+    check(rc == 0 and j.get("verified") is True, f"MoE {extra} {src} -> {dst} {flag} verified ({err.strip()[-300:]})")
+with tempfile.TemporaryDirectory() as d:
+    # Target tp=2,ep=2,etp=1 on devices 0-3: 4 groups of the 6 experts (1, 2, 1, 2 of them).
+    rc, j, err = bench("--model", "tiny-qwen3-moe", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=1,ep=2,etp=1,dp=1",
+                       "--train", "--dump", d, "--repeat", "1", "--transport", "ucx", "--procs", "2")
+    check(rc == 0, f"MoE ucx bench with --dump ({err.strip()[-300:]})")
+    check_dump(NEREUS, d, "tiny-qwen3-moe")
+    files = json.load(open(os.path.join(d, "manifest.json")))["files"]
+    held = {}
+    for f in files:
+        if ".experts." in f.get("tensor", "") and f["slot"] == "param" and ".layers.2." in f["tensor"]:
+            held.setdefault(int(f["tensor"].split(".experts.")[1].split(".")[0]), set()).add(f["device"])
+    want = expert_holders(6, 2, [0, 1, 2, 3], ep=2, etp=1)
+    check(held == {x: set(devs) for x, devs in want.items()}, f"experts on the devices sharding.md names ({held})")
+    check(not any(".layers.0.mlp.experts." in f.get("tensor", "") for f in files), "layer 0 (mlp_only_layers) has no experts")
 
 # A worker dies mid-transition: a clear error in bounded time, sources intact. The bound is on
 # detection (run start -> failure known), not on the whole command, whose setup and source

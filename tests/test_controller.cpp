@@ -261,3 +261,38 @@ TEST_CASE("ground truth: written apart from the cost model (no include of contro
   }
   CHECK(seen.count("nereus/sim/truth.hpp") == 1);
 }
+
+TEST_CASE("ground truth: mixture of experts — expert parallelism, grouped GEMMs, an all-to-all that crosses nodes") {
+  const ClusterSpec cluster = load_cluster("paper-cluster-3-h200");
+  GroundTruth truth(cluster, 1, 0);
+  const ModelConfig m = load_model("qwen3-30b-a3b")->config();
+  const TruthLoad w{512, 1024, 2000, 2400, 8192, 1};
+  const TruthLayout whole{1, 1, 1, false}, ep8{1, 1, 1, false, 8, 1}, ep16{1, 1, 1, false, 16, 1};
+  // Every expert on the GPU: 30.5 B bf16 parameters; over 8 groups about an eighth of the experts.
+  CHECK(double(truth.memory(m, StageKind::infer, whole, w).resident) == doctest::Approx(61e9).epsilon(0.02));
+  CHECK(truth.memory(m, StageKind::infer, ep8, w).resident < truth.memory(m, StageKind::infer, whole, w).resident / 5);
+  // Eight attention replicas share the sequences; 16 ep ranks leave the node and the
+  // all-to-all over cluster-3's one NIC a node dominates.
+  const double t1 = truth.expected_seconds(m, StageKind::infer, whole, w, 0);
+  const double t8 = truth.expected_seconds(m, StageKind::infer, ep8, w, 0);
+  const double t16 = truth.expected_seconds(m, StageKind::infer, ep16, w, 0);
+  CHECK(t8 < t1);
+  CHECK(t16 > t8);
+  // A dense model reads no expert fields: its figures are those of an ep = 1 layout.
+  const ModelConfig dense = load_model("qwen3-8b")->config();
+  CHECK(truth.expected_seconds(dense, StageKind::infer, {2, 1, 1, false, 1, 0}, w, 0) ==
+        truth.expected_seconds(dense, StageKind::infer, {2, 1, 1, false}, w, 0));
+}
+
+TEST_CASE("simulator: an MoE job replays a trace with expert-parallel plans") {
+  const JobSpec job = parse_job(R"({"algorithm":"grpo","models":{"actor":"qwen3-30b-a3b","reference":"qwen3-30b-a3b","reward":"rule"},
+      "prompts_per_step":128,"samples_per_prompt":8,"prompt_len":1024,"max_response_len":8192})", "moe-job");
+  const char* shared = std::getenv("NEREUS_SHARED");
+  REQUIRE(shared);
+  auto trace = load_trace(std::string(shared) + "/traces/length-growth-64gpu.jsonl");
+  trace.resize(200);
+  const SimulationResult r = simulate(load_cluster("paper-cluster-3-h200"), job, trace, SimulationOptions{});
+  CHECK(r.failed_steps == 0);
+  CHECK(r.mean_step_seconds > 0);
+  CHECK(std::any_of(r.records.begin(), r.records.end(), [](const StepRecord& s) { return s.plan.find('e') != std::string::npos; }));
+}

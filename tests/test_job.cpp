@@ -199,10 +199,11 @@ TEST_CASE("job: infeasible transitions and bad input are refused before any byte
   CHECK(has(error_of([&] { Job(io.get_executor(), spec, a, options(1 << 20)); }), "budget is free"));
 }
 
-TEST_CASE("job: random plan changes under random timing") {
-  const JobSpec spec = testcase::tiny_ppo_job();
+/// Random plan changes of `spec` under random timing, seeds 1..seeds; at least
+/// `min_completed` complete (the rest are refused or cancelled cleanly).
+void random_plan_changes(const JobSpec& spec, std::uint64_t seeds, int min_completed) {
   int completed = 0;
-  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+  for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
     CAPTURE(seed);
     testcase::JobGenerator gen(seed);
     const int pool = gen.uniform(4, 8);
@@ -256,7 +257,13 @@ TEST_CASE("job: random plan changes under random timing") {
     for (const DeviceUse& d : job.devices()) CHECK(d.peak <= d.budget);
   }
   MESSAGE(completed << " of 30 random transitions completed");
-  CHECK(completed >= 20);
+  CHECK(completed >= min_completed);
+}
+
+TEST_CASE("job: random plan changes under random timing") { random_plan_changes(testcase::tiny_ppo_job(), 30, 20); }
+
+TEST_CASE("job: random MoE plan changes (ep, etp) under random timing") {
+  random_plan_changes(testcase::tiny_ppo_job(true), 12, 7);
 }
 
 TEST_CASE("job: a memory-first transition on full devices, completed or cancelled part-way") {

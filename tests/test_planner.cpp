@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <set>
 
 #include "job_cases.hpp"
 #include "nereus/control/controller.hpp"
@@ -196,4 +197,92 @@ TEST_CASE("controller: the first measured peak sets the memory scale; later ones
   // Measuring 0.45 MB against 0.9 MB predicted lowers it a tenth of the way (0.9 → 0.855).
   ctl.measure_memory(o + 900000, o + 450000);
   CHECK(ctl.model().memory_scale() == doctest::Approx(0.855));
+}
+
+TEST_CASE("planner: equal to exhaustive search on small MoE jobs, which search ep and etp") {
+  JobSpec grpo = testcase::tiny_ppo_job(true);  // actor and reference: 5 experts, Ie = 30
+  grpo.algorithm = Algorithm::grpo;
+  grpo.models.erase(grpo.models.begin() + 1);  // no critic
+  std::mt19937_64 rng(11);
+  int feasible = 0, with_ep = 0;
+  for (int k = 0; k < 80; ++k) {
+    const int gpus = std::uniform_int_distribution<int>(2, 4)(rng);
+    const CostModel model(small_cluster(std::uniform_real_distribution<double>(0.003, 0.02)(rng), k % 2 ? 2 : 4));
+    const double len = std::uniform_real_distribution<double>(16, 400)(rng);
+    const Workload w = Workload::of(grpo, len, len * 1.3);
+    const PlanChoice fast = plan_job(model, grpo, gpus, w);
+    const PlanChoice all = plan_job_exhaustive(model, grpo, gpus, w);
+    CAPTURE(k);
+    REQUIRE(fast.feasible == all.feasible);
+    if (!fast.feasible) continue;
+    ++feasible;
+    CHECK(fast.step_seconds == doctest::Approx(all.step_seconds).epsilon(1e-9));
+    for (const PlannedStage& s : fast.stages) with_ep += s.candidate.ep > 1;
+    CHECK(estimate_plan(model, grpo, fast.plan, w).fits);
+  }
+  // Tiny experts never pay for their all-to-all; Qwen3-30B-A3B's do (next test case).
+  MESSAGE(feasible << " feasible, " << with_ep << " model-stages chosen with ep > 1");
+  CHECK(feasible > 20);
+
+  // Candidates: ep in powers of two, etp whole (1) or as TP, every one valid; dense: ep = 1.
+  const auto stages = model_stages(grpo);
+  const auto cands = stage_candidates(stages[0], 8, small_cluster(1, 8), 16);
+  std::set<std::pair<int, int>> seen;
+  for (const Candidate& c : cands) {
+    CHECK_NOTHROW(validate_layout(stages[0].model->config(), c.layout()));
+    seen.insert({c.ep, c.expert_tp()});
+  }
+  CHECK(seen.count({2, 1}));
+  CHECK(seen.count({4, 1}));
+  CHECK(seen.count({2, 2}));  // tp=2, ep=2, experts split like attention
+  for (const Candidate& c : stage_candidates(model_stages(testcase::tiny_ppo_job())[0], 8, small_cluster(1, 8), 16))
+    CHECK(c.ep == 1);
+}
+
+TEST_CASE("cost model: MoE FLOPs count active parameters, memory every expert, EP an all-to-all") {
+  const JobSpec job = parse_job(R"({"algorithm":"grpo","models":{"actor":"qwen3-30b-a3b","reference":"qwen3-30b-a3b","reward":"rule"},
+      "prompts_per_step":64,"samples_per_prompt":8,"prompt_len":1024,"max_response_len":8192})", "moe-job");
+  const ClusterSpec cluster = load_cluster("paper-cluster-3-h200");
+  const CostModel model(cluster);
+  const auto stages = model_stages(job);
+  auto find = [&](StageKind k) {
+    for (const ModelStage& s : stages)
+      if (s.kind == k) return s;
+    FAIL("no stage");
+    return stages[0];
+  };
+  const ModelStage gen = find(StageKind::generate), infer = find(StageKind::infer), train = find(StageKind::train);
+  const Workload w = Workload::of(job, 2000, 2400);
+  const auto ideal = [](const StageOps& o, OpClass c) { return o.ideal[static_cast<std::size_t>(c)]; };
+
+  // Qwen3-30B-A3B activates 3.3 B parameters a token, 0.31 B of them the embedding lookup:
+  // about 3.0 B in matrix multiplies, 1.8 B of those in the 8 experts it picks.
+  const StageOps one = model.work(infer, {1, 1, 1}, w);
+  const double tokens = static_cast<double>(w.sequences) * (w.prompt_len + w.response_len_mean);
+  const double peak = cluster.gpu_bf16_tflops * 1e12;
+  const double active = (ideal(one, OpClass::gemm) + ideal(one, OpClass::expert)) * peak / (2 * tokens);
+  CHECK(active == doctest::Approx(3.04e9).epsilon(0.03));
+  CHECK(ideal(one, OpClass::expert) * peak / (2 * tokens) == doctest::Approx(1.81e9).epsilon(0.03));
+  CHECK(ideal(one, OpClass::alltoall) == 0);  // one expert group: no dispatch
+  // Memory holds all 30.5 B parameters; expert parallelism spreads the experts.
+  CHECK(static_cast<double>(model.memory(gen, {1, 1, 1}, w).resident) == doctest::Approx(2 * 30.5e9).epsilon(0.02));
+  const Candidate ep8{1, 1, 1, false, 8, 1};
+  CHECK(model.memory(gen, ep8, w).resident < model.memory(gen, {1, 1, 1}, w).resident / 5);
+  // The all-to-all crosses nodes once a stage's tp·ep GPUs leave one (8 GPUs a node):
+  // slower per byte than inside.
+  const double inside = ideal(model.work(infer, ep8, w), OpClass::alltoall);
+  const double across = ideal(model.work(infer, {1, 1, 1, false, 16, 1}, w), OpClass::alltoall);
+  CHECK(inside > 0);
+  CHECK(across > 2 * inside);
+  // Training: 16 bytes a parameter, experts over tp·ep GPUs.
+  CHECK(model.memory(train, {1, 4, 1, false, 8, 1}, w).resident < model.memory(train, {1, 4, 1}, w).resident / 4);
+  // On 32 H200s the planner spreads the experts of some model-stage over an ep group.
+  const PlanChoice plan = plan_job(model, job, 32, w);
+  REQUIRE(plan.feasible);
+  CHECK(std::any_of(plan.stages.begin(), plan.stages.end(), [](const PlannedStage& s) { return s.candidate.ep > 1; }));
+  // A dense model has no expert or all-to-all work.
+  const JobSpec dense = load_job("ppo-llama-3.1-8b");
+  const StageOps d = model.work(model_stages(dense)[1], {2, 1, 4}, Workload::of(dense, 500, 600));
+  CHECK(ideal(d, OpClass::expert) == 0);
+  CHECK(ideal(d, OpClass::alltoall) == 0);
 }

@@ -21,7 +21,7 @@ namespace {
 
 /// Bytes of position (s, r) of a unit, from the independent reading of sharding.md.
 std::uint64_t ref_position_bytes(const ModelConfig& c, const Layout& l, int s, int r, bool train) {
-  const ref::Layout rl{l.tp, l.pp, l.partition, false};
+  const ref::Layout rl{l.tp, l.pp, l.partition, false, l.ep, l.etp};
   std::uint64_t n = 0;
   for (const ref::Tensor& t : ref::tensors(c))
     if (auto b = ref::shard(c, t, rl, s, r)) n += static_cast<std::uint64_t>(ref::volume(*b));
@@ -52,7 +52,9 @@ struct Replay {
   void add(std::map<DeviceId, std::uint64_t>& m, std::size_t stage, const Emu& e, bool train, std::uint64_t extra) const {
     const ModelConfig& c = g.from[stage].model->config();
     for (int s = 0; s < e.layout.pp; ++s)
-      for (int r = 0; r < e.layout.tp; ++r) m[e.device(s, r)] += ref_position_bytes(c, e.layout, s, r, train) + extra;
+      for (int r = 0; r < e.layout.tp * e.layout.ep; ++r)
+        m[e.gpus[ref::device_index({e.layout.tp, e.layout.pp, {}, false, e.layout.ep}, s, r)]] +=
+            ref_position_bytes(c, e.layout, s, r, train) + extra;
   }
   /// Per-GPU use once the nodes in `done` have run.
   std::map<DeviceId, std::uint64_t> use(const std::vector<bool>& done) const {
@@ -143,11 +145,12 @@ bool same_graph(const TransitionGraph& a, const TransitionGraph& b) {
 
 }  // namespace
 
-TEST_CASE("transition graph: random job plans against brute force") {
-  const JobSpec job = testcase::tiny_ppo_job();
+/// `want` random plan changes of `job`, each checked against brute force; at least
+/// `min_feasible` of them feasible, `min_infeasible` not, with `min_resource` resource edges.
+void random_job_plans(const JobSpec& job, int want, int min_feasible, int min_infeasible, int min_resource) {
   const auto stages = model_stages(job);
   int cases = 0, feasible = 0, infeasible = 0, exhaustive = 0, resource_edges = 0, memory_first = 0;
-  for (std::uint64_t seed = 1; cases < 500; ++seed) {
+  for (std::uint64_t seed = 1; cases < want; ++seed) {
     testcase::JobGenerator gen(seed);
     const int pool = gen.uniform(4, 8);
     const GlobalPlan from = gen.plan(job, pool);
@@ -277,9 +280,17 @@ TEST_CASE("transition graph: random job plans against brute force") {
   MESSAGE("cases " << cases << ": " << feasible << " feasible, " << infeasible << " infeasible (" << exhaustive
                    << " checked exhaustively), " << resource_edges << " resource edges, " << memory_first
                    << " memory-first");
-  CHECK(feasible > 40);
-  CHECK(infeasible > 5);
-  CHECK(resource_edges > 20);
+  CHECK(feasible > min_feasible);
+  CHECK(infeasible > min_infeasible);
+  CHECK(resource_edges > min_resource);
+}
+
+TEST_CASE("transition graph: random job plans against brute force") {
+  random_job_plans(testcase::tiny_ppo_job(), 500, 40, 5, 20);
+}
+
+TEST_CASE("transition graph: random MoE job plans (ep, etp) against brute force") {
+  random_job_plans(testcase::tiny_ppo_job(true), 150, 12, 2, 5);
 }
 
 TEST_CASE("transition graph: decisions, kinds and errors on worked examples") {

@@ -157,7 +157,7 @@ void add_plan_command(CLI::App& app) {
       "What a transition moves (no bytes move): one model-stage (--model --from --to), or a whole job's plan change "
       "as a transition graph (--job --from-plan --to-plan)");
   cmd->add_option("--model", args->model, "config.json path or preset name");
-  cmd->add_option("--from", args->from, "source layout spec tp=T,pp=P,dp=D[,devices=..][,partition=..][,packing=..]");
+  cmd->add_option("--from", args->from, "source layout spec tp=T,pp=P[,ep=X[,etp=K]],dp=D[,devices=..][,partition=..][,packing=..]");
   cmd->add_option("--to", args->to, "target layout spec");
   cmd->add_flag("--train", args->train, "every unit carries the training slots (master, exp_avg, exp_avg_sq)");
   cmd->add_flag("--sync", args->sync, "weight sync: training source, generation target (param only)");

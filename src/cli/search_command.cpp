@@ -45,6 +45,8 @@ void run_search(const SearchArgs& a) {
       const CollectionSpec* spec = c.plan.find(s.model_stage);
       plan[s.model_stage] = {{"tp", s.candidate.tp},
                              {"pp", s.candidate.pp},
+                             {"ep", s.candidate.ep},
+                             {"etp", s.candidate.expert_tp()},
                              {"dp", s.candidate.dp},
                              {"recompute", s.candidate.recompute},
                              {"devices", spec ? spec->devices : std::vector<DeviceId>{}},
@@ -60,7 +62,7 @@ void run_search(const SearchArgs& a) {
     std::cout << fmt::format("predicted step {:.2f} s, peak {} per GPU, decided in {:.3f} ms ({} candidates, {} on frontiers)\n\n",
                              c.step_seconds, human_bytes(c.peak_memory_bytes), c.decision_ms, c.candidates, c.frontier);
     for (const PlannedStage& s : c.stages)
-      std::cout << fmt::format("{:<18} tp={} pp={} dp={:<4}{} {:>8.2f} s  {}\n", s.model_stage, s.candidate.tp, s.candidate.pp,
+      std::cout << fmt::format("{:<18} {:<22} dp={:<4}{} {:>8.2f} s  {}\n", s.model_stage, to_string(s.candidate.layout()),
                                s.candidate.dp, s.candidate.recompute ? " recompute" : "          ", s.seconds,
                                c.plan.find(s.model_stage) ? device_list_string(c.plan.find(s.model_stage)->devices) : "");
   }

@@ -152,7 +152,7 @@ GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
       int dp = 1;
       for (int d = 1; unit * d <= share; ++d)
         if (seqs % d == 0) dp = d;
-      stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false}, 0, {}});
+      stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false, spec.layout.ep, spec.layout.etp}, 0, {}});
     }
   }
   GlobalPlan p = place(job_, stages);

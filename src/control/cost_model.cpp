@@ -12,6 +12,14 @@
 // cost a latency per ring step plus a ring's bytes over the link they cross: inside a
 // node when the group fits in one, else the GPU's share of its node's NICs, slowed by
 // the observed link slowdown.
+// Mixture-of-experts candidates (tp, pp, ep, etp): compute divides over tp·pp·ep GPUs;
+// FLOPs count the active parameters (k experts per token) and the experts' go to their
+// own class, whose efficiency absorbs the busiest GPU's extra routed load; memory counts
+// every expert (the fullest of tp·ep/etp groups per GPU); each of the ep attention
+// replicas runs its share of the sequences (its own KV cache and decode batch); a sparse
+// layer dispatches and combines tokens all-to-all between expert groups (alltoall class),
+// inside a node when a stage's tp·ep GPUs fit in one; experts' gradients reduce over DP,
+// the rest over ep·dp.
 #include "nereus/control/cost_model.hpp"
 
 #include <algorithm>
@@ -32,6 +40,8 @@ std::string_view to_string(OpClass c) {
     case OpClass::p2p_inter: return "p2p_inter";
     case OpClass::launch: return "launch";
     case OpClass::host: return "host";
+    case OpClass::expert: return "expert";
+    case OpClass::alltoall: return "alltoall";
   }
   return "?";
 }
@@ -54,7 +64,7 @@ double StageOps::seconds(const std::array<double, kOpClasses>& efficiency) const
 
 std::array<double, kOpClasses> conservative_efficiency() {
   // Below what tuned kernels reach, so that an unmeasured class is not chosen on hope.
-  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25, 0.25, 0.25};
+  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25, 0.25, 0.25, 0.25, 0.25};
 }
 
 namespace {
@@ -67,34 +77,57 @@ constexpr double kHostStep = 1e-4;        // ideal host seconds per decode itera
 constexpr double kKernelsPerLayer = 12;   // a transformer layer's forward: norms, projections, attention, all-reduces
 constexpr double kMaxRunning = 256;       // sequences a generation engine decodes at once (vLLM's max_num_seqs)
 
-/// What the formulas need of a model.
+/// What the formulas need of a model. Mixture-of-experts models (sharding.md): Ls of the
+/// L layers are sparse, with a router and E experts of width Ie, k of them per token.
 struct Shape {
   double H, I, L, nh, nkv, hd, V;
   bool tied;
   double labels;  ///< rows of a score head (value and reward models); 0: a language-model head
+  double E = 0, k = 0, Ie = 0, Ls = 0;
   explicit Shape(const ModelConfig& m)
       : H(static_cast<double>(m.hidden)), I(static_cast<double>(m.intermediate)), L(static_cast<double>(m.layers)),
         nh(static_cast<double>(m.heads)), nkv(static_cast<double>(m.kv_heads)), hd(static_cast<double>(m.head_dim)),
-        V(static_cast<double>(m.vocab)), tied(m.tied_embeddings), labels(static_cast<double>(m.score_labels)) {}
+        V(static_cast<double>(m.vocab)), tied(m.tied_embeddings), labels(static_cast<double>(m.score_labels)) {
+    if (m.moe()) {
+      E = static_cast<double>(m.experts), k = static_cast<double>(m.experts_per_token);
+      Ie = static_cast<double>(m.expert_intermediate);
+      for (std::int64_t l = 0; l < m.layers; ++l) Ls += m.sparse_layer(l) ? 1 : 0;
+    }
+  }
   /// Output rows a GPU of tensor rank group tp computes: the vocabulary split by TP, or a
   /// score head's labels, replicated.
   double out_rows(int tp) const { return labels > 0 ? labels : V / tp; }
-  /// Weights of one layer's matrix multiplies.
-  double layer_linear() const { return H * nh * hd * 2 + 2 * H * nkv * hd + 3 * H * I; }
-  /// Matrix-multiply weights a token passes through (layers and the output projection).
-  double linear() const { return L * layer_linear() + out_rows(1) * H; }
+  double attention_linear() const { return H * nh * hd * 2 + 2 * H * nkv * hd; }
+  /// Matrix-multiply weights a token passes through outside the experts (attention, dense
+  /// MLPs, routers, the output projection), and inside the k experts it picks.
+  double linear() const { return L * attention_linear() + (L - Ls) * 3 * H * I + Ls * E * H + out_rows(1) * H; }
+  double expert_linear() const { return Ls * k * 3 * H * Ie; }
+  /// Parameters of all experts, and of everything else.
+  double expert_params() const { return Ls * E * 3 * H * Ie; }
+  double params() const {
+    return L * (attention_linear() + 2 * H) + (L - Ls) * 3 * H * I + Ls * E * H + expert_params() + V * H +
+           (labels > 0 ? labels * H : tied ? 0 : V * H) + H;
+  }
   /// KV heads a GPU of tensor rank group tp holds (replicated when tp > nkv).
   double kv_heads(int tp) const { return std::max(1.0, nkv / tp); }
-  /// Elements one layer puts on one GPU.
-  double layer_elements(int tp) const { return (2 * H * nh * hd + 3 * H * I) / tp + 2 * H * hd * kv_heads(tp) + 2 * H; }
+  /// Elements one layer puts on one GPU: a sparse layer's router is replicated and its
+  /// experts spread over tp·ep/etp groups (the fullest one counted).
+  double layer_elements(const Candidate& c) const {
+    const double attention = 2 * H * nh * hd / c.tp + 2 * H * hd * kv_heads(c.tp) + 2 * H;
+    const double dense = 3 * H * I / c.tp;
+    const double sparse = E * H + std::ceil(E * c.expert_tp() / (c.tp * c.ep)) * 3 * H * Ie / c.expert_tp();
+    return attention + (Ls == 0 ? dense : Ls == L ? sparse : std::max(dense, sparse));
+  }
   /// Elements on the busiest GPU of a unit: the most layers of a stage plus the embedding
   /// (first stage) and output projection (last stage), both on one GPU when pp = 1.
-  double busiest_elements(int tp, int pp) const {
-    const double layers = std::ceil(L / pp);
-    const double embed = V * H / tp, head = out_rows(tp) * H;
-    return layers * layer_elements(tp) + (pp == 1 ? embed + head : std::max(embed, head)) + H;
+  double busiest_elements(const Candidate& c) const {
+    const double layers = std::ceil(L / c.pp);
+    const double embed = V * H / c.tp, head = out_rows(c.tp) * H;
+    return layers * layer_elements(c) + (c.pp == 1 ? embed + head : std::max(embed, head)) + H;
   }
-  double params() const { return L * (layer_linear() + 2 * H) + V * H + (labels > 0 ? labels * H : tied ? 0 : V * H) + H; }
+  /// Parameters one GPU holds of the whole model, summed over the pipeline (what decoding
+  /// reads per iteration): experts split tp·ep ways, the rest tp ways.
+  double gpu_params(const Candidate& c) const { return (params() - expert_params()) / c.tp + expert_params() / (c.tp * c.ep); }
 };
 
 /// A ring all-reduce of `bytes` over n GPUs moves 2(n−1)/n of the bytes over each link,
@@ -130,11 +163,13 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
   const double peak = k.gpu_bf16_tflops * 1e12, hbm = k.hbm_gbps * 1e9;
   const double intra = k.intra_node_gbps * 1e9;
   const double inter = k.inter_node_gbps * 1e9 * k.nics_per_node / k.gpus_per_node / std::max(1.0, w.link_slowdown);
-  const int unit = c.tp * c.pp;
+  const int unit = c.unit();
   const bool tp_inside = c.tp <= k.gpus_per_node;
+  const bool ep_inside = c.tp * c.ep <= k.gpus_per_node;
   const bool pp_inside = unit <= k.gpus_per_node;
   const bool dp_inside = unit * c.dp <= k.gpus_per_node;
   const double B = static_cast<double>(w.sequences) / c.dp;
+  const double groups = static_cast<double>(c.tp * c.ep / c.expert_tp());  // expert groups of a stage
   const double P = w.prompt_len, R = w.response_len_mean, T = P + R;
   const double H = m.H, act = 2.0;  // bf16 activations
 
@@ -157,9 +192,19 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
     }
   };
   auto launches = [&](double kernels) { add(OpClass::launch, kernels * kLaunch); };
+  // Token dispatch and combine of a sparse layer: a GPU sends its share (1/(tp·ep)) of the
+  // micro-batch's tokens to k experts each, all but 1/groups of them to another group.
+  auto dispatch = [&](double count, double tokens) {
+    if (m.Ls == 0 || groups <= 1) return;
+    const double bytes = 2 * tokens / (c.tp * c.ep) * m.k * H * act * (groups - 1) / groups;
+    add(OpClass::alltoall, count * m.Ls / c.pp * bytes / (ep_inside ? intra : inter));
+    add(OpClass::launch, count * m.Ls / c.pp * 2 * (groups - 1) * (ep_inside ? kIntraLatency : kInterLatency));
+  };
   const double stage_layers = std::ceil(m.L / c.pp);
-  // Forward FLOPs of n sequences of t tokens; attention is causal.
+  // Forward FLOPs of n sequences of t tokens; attention is causal. Experts apart: their
+  // class learns the routing imbalance.
   const double gemm_flops = 2.0 * m.linear();  // per token
+  const double expert_flops = 2.0 * m.expert_linear();
   auto attention_flops = [&](double t) { return 2.0 * m.L * m.nh * m.hd * t * t; };  // per sequence
   auto bubble = [&](double micro) { return (micro + c.pp - 1) / std::max(1.0, micro); };
 
@@ -167,8 +212,10 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
     case StageKind::generate: {
       const double micro = std::min(B, 4.0 * c.pp);
       add(OpClass::gemm, gemm_flops * B * P / unit / peak * bubble(micro));
+      add(OpClass::expert, expert_flops * B * P / unit / peak * bubble(micro));
       add(OpClass::attention, attention_flops(P) * B / unit / peak * bubble(micro));
-      tp_allreduce(stage_layers * 2 * (micro + c.pp - 1), B * P * H * act / micro);
+      tp_allreduce(stage_layers * 2 * (micro + c.pp - 1), B * P * H * act / micro / c.ep);
+      dispatch(micro + c.pp - 1, B * P / micro);
       pp_hops(micro, 1, B * P * H * act / micro);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer);
       // Decoding: per step every GPU of a tensor group reads its weights and KV cache; a
@@ -179,13 +226,15 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       // The running batch is split into pp micro-batches in flight, so a GPU reads its
       // stage's weights pp times per iteration (the whole model over the pipeline) but
       // only its own layers' KV cache, while the other stages read theirs.
-      const double weights = m.params() * 2.0 / c.tp;
+      // With expert parallelism each of the ep attention replicas decodes its own batch.
+      const double weights = m.gpu_params(c) * 2.0;
       const double kv_per_token = 2.0 * m.L * m.kv_heads(c.tp) * m.hd * 2.0;
-      const double iterations = std::max(w.response_len_p95, B * R / kMaxRunning);
-      const double bytes = iterations * weights + B * kv_per_token * (P * R + R * R / 2) / c.pp;
-      const double flops = gemm_flops * B * R / unit + attention_flops(T) * B / unit;
+      const double iterations = std::max(w.response_len_p95, B / c.ep * R / kMaxRunning);
+      const double bytes = iterations * weights + B / c.ep * kv_per_token * (P * R + R * R / 2) / c.pp;
+      const double flops = (gemm_flops + expert_flops) * B * R / unit + attention_flops(T) * B / unit;
       add(OpClass::decode, std::max(bytes / hbm, flops / peak));
-      tp_allreduce(iterations * m.L * 2, std::min(B, kMaxRunning) * H * act);
+      tp_allreduce(iterations * m.L * 2, std::min(B / c.ep, kMaxRunning) * H * act);
+      dispatch(iterations * c.pp, std::min(B / c.ep, kMaxRunning) * c.ep / c.pp);
       pp_hops(0, iterations, std::min(B, kMaxRunning) * H * act);
       launches(iterations * m.L * kKernelsPerLayer);
       add(OpClass::host, iterations * kHostStep);
@@ -194,8 +243,10 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
     case StageKind::infer: {
       const double micro = B;  // one sequence per micro-batch
       add(OpClass::gemm, gemm_flops * B * T / unit / peak * bubble(micro));
+      add(OpClass::expert, expert_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::attention, attention_flops(T) * B / unit / peak * bubble(micro));
-      tp_allreduce(stage_layers * 2 * (micro + c.pp - 1), T * H * act);
+      tp_allreduce(stage_layers * 2 * (micro + c.pp - 1) / c.ep, T * H * act);
+      dispatch((micro + c.pp - 1) / c.ep, T * c.ep);
       pp_hops(micro, 1, T * H * act);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer);
       break;
@@ -204,17 +255,23 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       const double passes = c.recompute ? 4.0 : 3.0;
       const double micro = B;
       add(OpClass::gemm, passes * gemm_flops * B * T / unit / peak * bubble(micro));
+      add(OpClass::expert, passes * expert_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::attention, passes * attention_flops(T) * B / unit / peak * bubble(micro));
-      tp_allreduce((c.recompute ? 3 : 2) * stage_layers * 2 * (micro + c.pp - 1), T * H * act);
+      tp_allreduce((c.recompute ? 3 : 2) * stage_layers * 2 * (micro + c.pp - 1) / c.ep, T * H * act);
+      dispatch((c.recompute ? 3 : 2) * (micro + c.pp - 1) / c.ep, T * c.ep);
       pp_hops(micro, 2, T * H * act);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer * passes);
-      const double grads = m.params() / unit * 2.0;
-      if (c.dp > 1) {
-        add(dp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter, allreduce(grads, c.dp, dp_inside ? intra : inter));
-        add(OpClass::launch, ring_steps(c.dp) * (dp_inside ? kIntraLatency : kInterLatency));
-      }
+      // Gradients: the experts' reduce over DP, everything else (replicated over the ep
+      // attention copies) over ep·dp.
+      const double expert_grads = m.expert_params() / unit * 2.0;
+      const double other_grads = (m.params() - m.expert_params()) / (c.tp * c.pp) * 2.0;
+      for (auto [bytes, n] : {std::pair{other_grads, c.dp * c.ep}, std::pair{expert_grads, c.dp}})
+        if (n > 1 && bytes > 0) {
+          add(dp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter, allreduce(bytes, n, dp_inside ? intra : inter));
+          add(OpClass::launch, ring_steps(n) * (dp_inside ? kIntraLatency : kInterLatency));
+        }
       // Adam: read and write params, grads, master weights and both moments.
-      add(OpClass::decode, m.params() / unit * 2 * 16 / hbm);
+      add(OpClass::decode, m.gpu_params(c) / c.pp * 2 * 16 / hbm);
       break;
     }
   }
@@ -228,7 +285,7 @@ StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const
   const bool train = stage.kind == StageKind::train;
   StageMemory out;
   // bf16 params; training adds bf16 grads, fp32 master weights and Adam moments.
-  out.resident = static_cast<std::uint64_t>(m.busiest_elements(c.tp, c.pp) * (train ? 16.0 : 2.0));
+  out.resident = static_cast<std::uint64_t>(m.busiest_elements(c) * (train ? 16.0 : 2.0));
   const double layers = std::ceil(m.L / c.pp);
   const double logits = T * m.out_rows(c.tp) * 4.0;
   double transient = 0;
@@ -236,7 +293,7 @@ StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const
     case StageKind::generate:
       // KV cache of the sequences decoding at once (at most kMaxRunning) at full length,
       // plus their logits.
-      transient = std::min(B, kMaxRunning) * (T * 2.0 * layers * m.kv_heads(c.tp) * m.hd * 2.0 + m.V / c.tp * 4.0);
+      transient = std::min(B / c.ep, kMaxRunning) * (T * 2.0 * layers * m.kv_heads(c.tp) * m.hd * 2.0 + m.V / c.tp * 4.0);
       break;
     case StageKind::infer:
       transient = T * m.H * 2.0 * 12.0 + logits;

@@ -72,25 +72,41 @@ std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const
   const ModelConfig& m = stage.model->config();
   const int gpn = cluster.gpus_per_node;
   const int grain = granularity_of(o, gpus, gpn);
+  // Expert layouts of a mixture-of-experts model: ep in powers of two, experts whole
+  // (etp = 1) or split like attention (etp = tp); a dense model has only ep = 1.
+  std::vector<std::pair<int, int>> experts{{1, 0}};
+  if (m.moe()) {
+    experts.clear();
+    for (int ep = 1; ep <= std::min<std::int64_t>(gpus, m.experts); ep *= 2)
+      for (int etp : {0, 1}) experts.push_back({ep, etp});
+  }
   std::vector<Candidate> out;
   for (int tp = 1; tp <= std::min(gpn, gpus); ++tp) {
     if (!valid_tp(m, tp)) continue;
-    for (int pp = 1; pp <= std::min<std::int64_t>(o.max_pp, m.layers); pp *= 2)
-      for (int dp = 1; tp * pp * dp <= gpus; ++dp) {
-        if (sequences % dp != 0) continue;
-        const int g = tp * pp * dp;
-        if (g > gpn && g % grain != 0) continue;
-        for (bool re : {false, true}) {
-          if (re && stage.kind != StageKind::train) continue;
-          out.push_back({tp, pp, dp, re});
+    for (auto [ep, etp] : experts) {
+      if (etp == 1 && tp == 1) continue;  // the same as etp = tp
+      Layout l;
+      l.tp = tp;
+      l.ep = ep;
+      l.etp = etp;
+      if (m.moe() && (l.expert_groups() > m.experts || l.expert_tp() > m.expert_intermediate)) continue;
+      for (int pp = 1; pp <= std::min<std::int64_t>(o.max_pp, m.layers); pp *= 2)
+        for (int dp = 1; tp * pp * ep * dp <= gpus; ++dp) {
+          if (sequences % dp != 0) continue;
+          const int g = tp * pp * ep * dp;
+          if (g > gpn && g % grain != 0) continue;
+          for (bool re : {false, true}) {
+            if (re && stage.kind != StageKind::train) continue;
+            out.push_back({tp, pp, dp, re, ep, etp});
+          }
         }
-      }
+    }
   }
   return out;
 }
 
 Candidate candidate_of(const CollectionSpec& spec, bool recompute) {
-  return {spec.layout.tp, spec.layout.pp, spec.dp, recompute};
+  return {spec.layout.tp, spec.layout.pp, spec.dp, recompute, spec.layout.ep, spec.layout.etp};
 }
 
 GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages) {
@@ -101,13 +117,12 @@ GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages) {
       for (const PlannedStage& p : stages)
         if (p.model_stage == s.name()) in.push_back(&p);
     std::stable_sort(in.begin(), in.end(), [](const PlannedStage* a, const PlannedStage* b) {
-      return a->candidate.tp * a->candidate.pp > b->candidate.tp * b->candidate.pp;
+      return a->candidate.unit() > b->candidate.unit();
     });
     int offset = 0;
     for (const PlannedStage* p : in) {
       CollectionSpec spec;
-      spec.layout.tp = p->candidate.tp;
-      spec.layout.pp = p->candidate.pp;
+      spec.layout = p->candidate.layout();
       spec.dp = p->candidate.dp;
       for (int k = 0; k < p->candidate.gpus(); ++k) spec.devices.push_back(offset + k);
       offset += p->candidate.gpus();

@@ -32,6 +32,8 @@ std::string short_plan(const JobSpec& job, const GlobalPlan& p) {
     const CollectionSpec& c = *p.find(st.name());
     s += (s.empty() ? "" : " ") + st.role.substr(0, 1) + std::string(to_string(st.kind)).substr(0, 1) + "=" +
          std::to_string(c.layout.tp) + "/" + std::to_string(c.layout.pp) + "/" + std::to_string(c.dp);
+    if (c.layout.ep > 1)  // expert parallelism: ep, and the expert TP degree
+      s += "e" + std::to_string(c.layout.ep) + "/" + std::to_string(c.layout.expert_tp());
   }
   return s;
 }
@@ -72,7 +74,8 @@ StepRun run_step(GroundTruth& truth, const JobSpec& job, const GlobalPlan& plan,
   for (std::size_t i = 0; i < n; ++i) {
     const ModelStage& s = og.stages[i];
     const CollectionSpec& spec = *plan.find(s.name());
-    layouts[i] = {spec.layout.tp, spec.layout.pp, spec.dp, recompute && s.kind == StageKind::train};
+    layouts[i] = {spec.layout.tp, spec.layout.pp, spec.dp, recompute && s.kind == StageKind::train, spec.layout.ep,
+                  spec.layout.expert_tp()};
     mem[i] = truth.memory(s.model->config(), s.kind, layouts[i], load);
     for (DeviceId d : spec.devices) {
       if (d >= gpus && fail[i].empty()) fail[i] = "needs GPU " + std::to_string(d) + ", outside the pool of " + std::to_string(gpus);
@@ -162,7 +165,7 @@ std::map<std::string, double> overlap_release(const TransitionGraph& g, const Jo
 /// One stage alone on its GPUs (profiling, held-out checks): its measured seconds, or 0
 /// when it does not fit.
 double single_run(GroundTruth& truth, const ModelStage& st, const Candidate& c, const TruthLoad& load) {
-  const TruthLayout l{c.tp, c.pp, c.dp, c.recompute};
+  const TruthLayout l{c.tp, c.pp, c.dp, c.recompute, c.ep, c.expert_tp()};
   const TruthStage m = truth.memory(st.model->config(), st.kind, l, load);
   const std::uint64_t used = truth.context_bytes() + m.resident + m.working;
   if (used > truth.capacity_bytes()) return 0;

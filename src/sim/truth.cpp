@@ -27,25 +27,42 @@ constexpr double kAdamBytes = 18;          // bf16 param, fp32 main grad, fp32 m
 constexpr double kOptimizerTraffic = 30;   // bytes an Adam step reads and writes per param
 constexpr double kStragglerOdds = 0.02;    // a replica running slow (throttling, a noisy neighbour)
 constexpr double kStragglerFactor = 1.15;
+constexpr double kRouterSkew = 1.15;       // a trained router with a balance loss: busiest expert group 10–20% above the mean
+constexpr double kAllToAllIntra = 0.60;    // NCCL all-to-all reaches about 60% of NVLink bandwidth
+constexpr double kAllToAllInter = 0.50;    // and about half of the NICs' across nodes
 
 /// The model as the truth reads it.
 struct Dims {
   double H, I, L, nh, kv, hd, V, out;  // out: rows of the output head (vocab or score labels)
   bool tied;
+  double E = 0, k = 0, Ie = 0, sparse = 0;  // experts, experts per token, their width, share of sparse layers
   explicit Dims(const ModelConfig& m)
       : H(double(m.hidden)), I(double(m.intermediate)), L(double(m.layers)), nh(double(m.heads)), kv(double(m.kv_heads)),
         hd(double(m.head_dim)), V(double(m.vocab)), out(m.score_labels > 0 ? double(m.score_labels) : double(m.vocab)),
-        tied(m.tied_embeddings) {}
+        tied(m.tied_embeddings) {
+    if (m.experts > 0) {
+      E = double(m.experts), k = double(m.experts_per_token), Ie = double(m.expert_intermediate);
+      for (std::int64_t l = 0; l < m.layers; ++l) sparse += m.sparse_layer(l) ? 1.0 / L : 0;
+    }
+  }
   bool score() const { return out != V || V == 0; }
   double kv_rank(int t) const { return std::max(1.0, kv / t); }  // KV heads replicate when t > kv
   double head_rows(int t) const { return out == V ? V / t : out; }
-  double layer_params(int t) const {
-    return H * (nh / t + 2 * kv_rank(t)) * hd + nh / t * hd * H + 3 * H * I / t + 2 * H + 2 * hd;
+  double attention_params(int t) const { return H * (nh / t + 2 * kv_rank(t)) * hd + nh / t * hd * H + 2 * H + 2 * hd; }
+  /// Expert groups and the experts on one GPU (the fullest group).
+  static double groups(const TruthLayout& l) { return double(l.tp * l.ep / l.expert_tp()); }
+  double local_experts(const TruthLayout& l) const { return std::ceil(E / groups(l)); }
+  /// A layer's params on one GPU, the dense and sparse layers averaged by their share.
+  double layer_params(const TruthLayout& l) const {
+    const double dense = 3 * H * I / l.tp;
+    const double moe = E * H + local_experts(l) * 3 * H * Ie / l.expert_tp();
+    return attention_params(l.tp) + (1 - sparse) * dense + sparse * moe;
   }
   double layers_per_stage(int pp) const { return std::ceil(L / pp); }
   /// Params on the busiest GPU: the first stage has the embedding, the last the head.
-  double busiest_params(int t, int pp) const {
-    const double layers = layers_per_stage(pp) * layer_params(t);
+  double busiest_params(const TruthLayout& l) const {
+    const int t = l.tp, pp = l.pp;
+    const double layers = layers_per_stage(pp) * layer_params(l);
     const double embed = V * H / t;
     const double head = (out == V && tied && pp == 1) ? 0 : head_rows(t) * H;
     return pp == 1 ? layers + embed + head + H : layers + std::max(embed, head + H);
@@ -118,17 +135,19 @@ double GroundTruth::checkpoint_bytes_per_second() const {
   return cluster_.inter_node_gbps * 1e9 * cluster_.nics_per_node / cluster_.gpus_per_node * inter_efficiency();
 }
 
-double GroundTruth::gemm(double M, double N, double K) const {
-  if (M <= 0 || N <= 0 || K <= 0) return 0;
+double GroundTruth::gemm(double M, double N, double K, double count) const {
+  if (M <= 0 || N <= 0 || K <= 0 || count <= 0) return 0;
   const double peak = cluster_.gpu_bf16_tflops * 1e12;
   // Tile quantization: whole output tiles, in waves over the SMs. Tiles are 128 wide and
   // as tall as the smallest power of two from 16 to 128 that covers M: cuBLAS and CUTLASS
   // pick skinny tiles for the few rows of a decode batch.
   const double tile_m = std::clamp(std::exp2(std::ceil(std::log2(std::max(1.0, M)))), 16.0, 128.0);
-  const double tiles = ceil_div(M, tile_m) * ceil_div(N, 128);
+  // A grouped GEMM (count problems of one shape, vLLM's fused_moe, Megatron's GroupedMLP)
+  // schedules all of their tiles in one kernel.
+  const double tiles = count * ceil_div(M, tile_m) * ceil_div(N, 128);
   const double waves = ceil_div(tiles, sms_);
   const double compute = waves * 2.0 * tile_m * 128 * K / (peak / sms_ * kGemmEfficiency);
-  const double memory = 2.0 * (M * K + K * N + M * N) / (cluster_.hbm_gbps * 1e9 * kHbmEfficiency);
+  const double memory = count * 2.0 * (M * K + K * N + M * N) / (cluster_.hbm_gbps * 1e9 * kHbmEfficiency);
   return std::max(compute, memory);
 }
 
@@ -145,6 +164,14 @@ double GroundTruth::allreduce(double bytes, int n, bool inside, double slowdown)
   return std::min(ring, tree);
 }
 
+double GroundTruth::alltoall(double bytes, int n, bool inside, double slowdown) const {
+  if (n <= 1 || bytes <= 0) return 0;
+  const double bw = inside ? cluster_.intra_node_gbps * 1e9 * kAllToAllIntra
+                           : cluster_.inter_node_gbps * 1e9 * cluster_.nics_per_node / cluster_.gpus_per_node * kAllToAllInter /
+                                 std::max(1.0, slowdown);
+  return (n - 1) * (inside ? 2e-6 : 6e-6) + bytes * (n - 1) / n / bw;
+}
+
 double GroundTruth::p2p(double bytes, bool inside, double slowdown) const {
   if (inside) return 3e-6 + bytes / (cluster_.intra_node_gbps * 1e9 * intra_efficiency());
   return 8e-6 + bytes * std::max(1.0, slowdown) /
@@ -155,8 +182,8 @@ TruthStage GroundTruth::memory(const ModelConfig& m, StageKind kind, const Truth
   const Dims d(m);
   const int t = l.tp;
   TruthStage out;
-  out.resident = std::uint64_t(d.busiest_params(t, l.pp) * (kind == StageKind::train ? kAdamBytes : 2.0));
-  const double B = std::ceil(double(w.sequences) / l.dp);
+  out.resident = std::uint64_t(d.busiest_params(l) * (kind == StageKind::train ? kAdamBytes : 2.0));
+  const double B = std::ceil(double(w.sequences) / l.dp / l.ep);  // an attention replica's sequences
   const double longest = longest_sequence(w);
   const double layers = d.layers_per_stage(l.pp);
   const double logits = longest * d.head_rows(t) * 4.0;  // fp32 logits of one micro-batch
@@ -169,7 +196,7 @@ TruthStage GroundTruth::memory(const ModelConfig& m, StageKind kind, const Truth
       break;
     }
     case StageKind::infer:
-      working = longest * 2.0 * (3 * d.H + 2 * d.I / t) + logits;
+      working = longest * 2.0 * (3 * d.H + 2 * std::max(d.I / t, d.k * d.Ie / l.expert_tp())) + logits;
       break;
     case StageKind::train: {
       // Korthikanti et al. 2022, Table 2 with flash attention (no a·s²/h term), TP without
@@ -195,7 +222,7 @@ std::int64_t GroundTruth::concurrency(const ModelConfig& m, const TruthLayout& l
   if (double(kv_pool) < per_token * longest_sequence(w)) return 0;
   // A running sequence sits at a uniformly random point of its life: P + E[R²]/(2E[R]).
   const double ctx = w.prompt_len + second_over_first(w.response_mean, w.response_p95) / 2 + kBlockTokens / 2;
-  const double B = std::ceil(double(w.sequences) / l.dp);
+  const double B = std::ceil(double(w.sequences) / l.dp / l.ep);
   return std::int64_t(std::max(1.0, std::min({B, kMaxRunning, std::floor(double(kv_pool) / (per_token * ctx))})));
 }
 
@@ -204,18 +231,37 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
   const Dims d(m);
   const int t = l.tp, pp = l.pp;
   const int gpn = cluster_.gpus_per_node;
-  const bool tp_in = t <= gpn, pp_in = t * pp <= gpn, dp_in = t * pp * l.dp <= gpn;
+  const bool tp_in = t <= gpn, pp_in = t * pp * l.ep <= gpn, dp_in = t * pp * l.ep * l.dp <= gpn;
+  const bool ep_in = t * l.ep <= gpn;
   const double slow = w.link_slowdown;
   const double layers = d.layers_per_stage(pp);
-  const double B = std::ceil(double(w.sequences) / l.dp);
+  const double B = std::ceil(double(w.sequences) / l.dp / l.ep);  // an attention replica's sequences
   const double P = w.prompt_len, R = w.response_mean;
   const double hbm = cluster_.hbm_gbps * 1e9 * kHbmEfficiency;
   const double peak = cluster_.gpu_bf16_tflops * 1e12;
 
   // One layer's forward over n tokens on one GPU: GEMMs, elementwise traffic, TP all-reduces.
+  auto attention_part = [&](double n) {
+    return gemm(n, (d.nh / t + 2 * d.kv_rank(t)) * d.hd, d.H) + gemm(n, d.H, d.nh / t * d.hd) + n * 8 * d.H * 2.0 / hbm +
+           2 * allreduce(n * d.H * 2.0, t, tp_in, slow);
+  };
+  auto dense_mlp = [&](double n) { return gemm(n, 2 * d.I / t, d.H) + gemm(n, d.H, d.I / t) + n * 6 * d.I / t * 2.0 / hbm; };
+  // A sparse MLP: every ep rank routes its n tokens at once, so a GPU's experts see their
+  // share of the ep·n·k choices; the busiest GPU carries the maximum of G Poisson loads
+  // times the router's skew. Only experts some token picked are read.
+  const double G = Dims::groups(l), local = d.local_experts(l);
+  auto sparse_mlp = [&](double n) {
+    const double choices = n * l.ep * d.k;
+    const double mean = choices / G;
+    const double busiest = G > 1 ? kRouterSkew * (mean + std::sqrt(2 * std::log(G) * mean)) : mean;
+    const double touched = std::max(1.0, local * (1 - std::exp(-choices / d.E)));
+    const double m = busiest / touched;
+    const double dispatch = G > 1 ? 2 * alltoall(n / t * d.k * d.H * 2.0, int(G), ep_in, slow) : 0;
+    return gemm(n, d.E, d.H) + gemm(m, 2 * d.Ie / l.expert_tp(), d.H, touched) + gemm(m, d.H, d.Ie / l.expert_tp(), touched) +
+           busiest * 6 * d.Ie / l.expert_tp() * 2.0 / hbm + dispatch;
+  };
   auto layer = [&](double n) {
-    return gemm(n, (d.nh / t + 2 * d.kv_rank(t)) * d.hd, d.H) + gemm(n, d.H, d.nh / t * d.hd) + gemm(n, 2 * d.I / t, d.H) +
-           gemm(n, d.H, d.I / t) + n * (8 * d.H + 6 * d.I / t) * 2.0 / hbm + 2 * allreduce(n * d.H * 2.0, t, tp_in, slow);
+    return attention_part(n) + (1 - d.sparse) * dense_mlp(n) + (d.sparse > 0 ? d.sparse * sparse_mlp(n) : 0);
   };
   auto head = [&](double n) { return gemm(n, d.head_rows(t), d.H); };
   // Causal flash attention of sequences whose squared length averages s2, per layer.
@@ -231,8 +277,11 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
       const double re = l.recompute ? fwd : 0;
       const double launches = layers * kKernelsPerLayer * (l.recompute ? 4 : 3) * kEagerLaunch;
       const double stage = fwd + bwd + re + launches + (pp > 1 ? 2 * p2p(s_mean * d.H * 2.0, pp_in, slow) : 0);
-      const double params = d.busiest_params(t, pp);
-      const double grads = allreduce(params * 2.0, l.dp, dp_in, slow);
+      const double params = d.busiest_params(l);
+      // Experts' gradients reduce over DP; the rest (attention, replicated over ep) over ep·dp.
+      const double expert_params = layers * d.sparse * d.local_experts(l) * 3 * d.H * d.Ie / l.expert_tp();
+      const double grads = allreduce((params - expert_params) * 2.0, l.dp * l.ep, dp_in, slow) +
+                           allreduce(expert_params * 2.0, l.dp, dp_in, slow);
       const double adam = params * kOptimizerTraffic / hbm + 20 * kEagerLaunch;
       return (B + pp - 1) * stage + grads + adam;
     }

@@ -9,6 +9,7 @@
 
 #include "nereus/core/cluster.hpp"
 #include "nereus/core/job.hpp"
+#include "nereus/core/layout.hpp"
 
 namespace nereus {
 
@@ -34,8 +35,10 @@ enum class OpClass : std::uint8_t {
   p2p_inter,        ///< pipeline sends across nodes
   launch,           ///< kernel launches: a microsecond each at efficiency 1
   host,             ///< a generation engine's host work per decode iteration (scheduling, sampling): 0.1 ms at efficiency 1
+  expert,           ///< MoE expert GEMMs: its efficiency also learns the busiest GPU's extra load (routing imbalance)
+  alltoall,         ///< MoE token dispatch and combine between expert groups, inside or across nodes
 };
-inline constexpr std::size_t kOpClasses = 9;
+inline constexpr std::size_t kOpClasses = 11;
 std::string_view to_string(OpClass c);
 
 /// Seconds a candidate would take at the peak rate of each class (FLOPs at bf16 peak,
@@ -52,10 +55,23 @@ struct StageMemory {
 };
 
 /// One placement of a model-stage: layout, replicas, and choices that trade memory for time.
+/// Mixture-of-experts models add expert parallelism: ep attention copies per unit and
+/// experts split in tp·ep/etp groups (sharding.md; etp 0 means tp).
 struct Candidate {
   int tp = 1, pp = 1, dp = 1;
   bool recompute = false;  ///< training: keep only layer inputs, recompute the rest
-  int gpus() const { return tp * pp * dp; }
+  int ep = 1, etp = 0;
+  int unit() const { return tp * pp * ep; }
+  int gpus() const { return unit() * dp; }
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  Layout layout() const {
+    Layout l;
+    l.tp = tp;
+    l.pp = pp;
+    l.ep = ep;
+    l.etp = etp;
+    return l;
+  }
   bool operator==(const Candidate&) const = default;
 };
 

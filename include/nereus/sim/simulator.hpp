@@ -47,7 +47,7 @@ struct StepRecord {
   bool failed = false;
   bool oom = false;               ///< failed for memory
   std::string failure;            ///< which stage failed, and why
-  std::string plan;               ///< short form: tp/pp/dp per model-stage
+  std::string plan;               ///< short form: tp/pp/dp (then eEP/ETP when ep > 1) per model-stage
   std::string trigger, decision;
 };
 

@@ -16,6 +16,10 @@
 //     attention and TP without sequence parallelism, s·b·h·(10 + 24/t) bytes, or 2·s·b·h
 //     with full recomputation; mixed-precision Adam with fp32 main grads, 18 B/param;
 //   - NCCL-like all-reduce: ring or tree, whichever is faster for the size;
+//   - mixture of experts: attention data-parallel over the ep ranks, each GPU's experts
+//     as grouped GEMMs over the tokens routed to them (only the experts some token picks
+//     are read), the busiest GPU's load above the mean as the maximum of G Poisson loads
+//     times a trained router's skew, and an all-to-all dispatch and combine;
 //   - stragglers: lognormal jitter per replica and an occasional slow replica.
 // The constants are published or typical figures (named where they are set), never tuned
 // to make a policy win.
@@ -28,10 +32,14 @@
 
 namespace nereus {
 
-/// How one model-stage runs: the truth's own view of a candidate.
+/// How one model-stage runs: the truth's own view of a candidate. A mixture-of-experts
+/// unit runs ep attention replicas, each on its share of the sequences, and spreads the
+/// experts over tp·ep/etp groups that exchange tokens all-to-all.
 struct TruthLayout {
   int tp = 1, pp = 1, dp = 1;
   bool recompute = false;  ///< training keeps only each layer's input
+  int ep = 1, etp = 0;     ///< etp: expert tensor parallelism; 0 means tp
+  int expert_tp() const { return etp > 0 ? etp : tp; }
 };
 
 /// What one step processes.
@@ -74,9 +82,11 @@ class GroundTruth {
   double checkpoint_bytes_per_second() const;
 
  private:
-  double gemm(double M, double N, double K) const;
+  /// count GEMMs of M×N×K (count > 1: one grouped GEMM kernel).
+  double gemm(double M, double N, double K, double count = 1) const;
   double allreduce(double bytes, int n, bool inside, double slowdown) const;
   double p2p(double bytes, bool inside, double slowdown) const;
+  double alltoall(double bytes, int n, bool inside, double slowdown) const;
 
   ClusterSpec cluster_;
   int sms_;
