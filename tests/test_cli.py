@@ -184,6 +184,38 @@ rc, _, err = run("bench", "coordination", "--type", "xx")
 check(rc != 0 and "--type" in err, "an unknown coordination type is refused")
 
 
+# Mixture of experts (the MoE issue's worked cases): moved bytes at the lower bound, the
+# 1,024-GPU Qwen3-235B-A22B case, and one clear error per bad input.
+j = plan_json("--model", "qwen3-30b-a3b", "--from", "tp=1,pp=4,ep=8,etp=1,dp=1", "--to", "tp=4,pp=1,ep=1,dp=8", "--sync")
+check(j.get("moved_bytes") == j.get("lower_bound_bytes") and round(j.get("moved_bytes", 0) / 1e9, 2) == 468.31,
+      f"30B EP training -> TP generation sync moves the lower bound, 468.31 GB ({j.get('moved_bytes')})")
+check(j.get("from") == "tp=1,pp=4,ep=8,dp=1,devices=0-31", f"etp = tp is not repeated in the spec ({j.get('from')})")
+j = plan_json("--model", "qwen3-235b-a22b", "--from", "tp=4,pp=8,ep=8,etp=1,dp=4", "--to", "tp=8,pp=4,ep=4,etp=1,dp=8",
+              "--train")
+check(j.get("moved_bytes") == j.get("lower_bound_bytes") and len(j.get("target_devices", [])) == 1024,
+      "235B on 1,024 GPUs: the lower bound")
+check(j.get("plan_ms", 0) > 0, "plan_ms reported (its 50 ms target is measured by benches/plan_bench, not here)")
+j = plan_json("--model", "tiny-qwen3-moe", "--from", "tp=2,pp=1,ep=2,etp=1,dp=1", "--to", "tp=2,pp=2,dp=1,packing=fused",
+              "--train", "--transfers")
+ts = j.get("transfers", [])
+check(any(".experts.5." in t["tensor"] for t in ts) and not any(".layers.0.mlp.experts" in t["tensor"] for t in ts),
+      "expert tensors move; layer 0 (mlp_only_layers) has none")
+rc, out, _ = run("presets")
+check(all(m in out for m in ["qwen3-30b-a3b", "qwen3-235b-a22b", "tiny-qwen3-moe"]), "MoE presets listed")
+expect_error(["plan", "--model", "tiny-llama", "--from", "tp=1,pp=1,ep=2,dp=1", "--to", "tp=1,pp=1,dp=2"],
+             "ep=2 needs a mixture-of-experts model")
+expect_error(["plan", "--model", "tiny-qwen3-moe", "--from", "tp=2,pp=1,ep=2,etp=3,dp=1", "--to", "tp=2,pp=1,dp=2"],
+             "etp=3 does not divide tp·ep = 4")
+expect_error(["plan", "--model", "tiny-qwen3-moe", "--from", "tp=2,pp=1,ep=4,etp=1,dp=1", "--to", "tp=2,pp=1,dp=1"],
+             "8 expert groups exceed num_experts=6")
+with tempfile.TemporaryDirectory() as d:
+    bad = os.path.join(d, "moe.json")
+    with open(bad, "w") as f:
+        json.dump({"model_type": "qwen3_moe", "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+                   "num_attention_heads": 2, "vocab_size": 8, "torch_dtype": "bfloat16", "num_experts": 4,
+                   "num_experts_per_tok": 2}, f)
+    expect_error(["plan", "--model", bad, "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "moe_intermediate_size")
+
 # Controller front ends: search and simulate (short runs; the figures are in docs/controller.md).
 rc, out, err = run("search", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--gpus", "32",
                    "--response-len", "2000", "--json")

@@ -36,6 +36,12 @@ void run_model(const ModelArgs& a) {
                         {"vocab_size", c.vocab},   {"tie_word_embeddings", c.tied_embeddings},
                         {"dtype", std::string(to_string(c.dtype))}, {"parameters", model->parameters()},
                         {"param_bytes", bytes},    {"tensor_count", model->tensors().size()}};
+    if (c.moe()) {
+      j["num_experts"] = c.experts;
+      j["num_experts_per_tok"] = c.experts_per_token;
+      j["moe_intermediate_size"] = c.expert_intermediate;
+      j["sparse_layers"] = c.sparse_layers();
+    }
     if (!a.weights.empty()) j["checkpoint_tensors_checked"] = checked;
     if (a.tensors) {
       auto arr = nlohmann::json::array();
@@ -52,6 +58,9 @@ void run_model(const ModelArgs& a) {
   std::cout << fmt::format("{}: {} H={} I={} L={} heads={} kv_heads={} head_dim={} V={}{}\n", a.model,
                            to_string(c.arch), c.hidden, c.intermediate, c.layers, c.heads, c.kv_heads,
                            c.head_dim, c.vocab, c.tied_embeddings ? " tied" : "");
+  if (c.moe())
+    std::cout << fmt::format("experts: {} of {} per token, Ie={}, in {} sparse layers of {}\n", c.experts_per_token,
+                             c.experts, c.expert_intermediate, c.sparse_layers(), c.layers);
   std::cout << fmt::format("{:.3f} B parameters, {} in {} ({} tensors)\n",
                            static_cast<double>(model->parameters()) / 1e9, human_bytes(bytes),
                            to_string(c.dtype), model->tensors().size());

@@ -91,7 +91,7 @@ struct Shape {
     if (m.moe()) {
       E = static_cast<double>(m.experts), k = static_cast<double>(m.experts_per_token);
       Ie = static_cast<double>(m.expert_intermediate);
-      for (std::int64_t l = 0; l < m.layers; ++l) Ls += m.sparse_layer(l) ? 1 : 0;
+      Ls = static_cast<double>(m.sparse_layers());
     }
   }
   /// Output rows a GPU of tensor rank group tp computes: the vocabulary split by TP, or a

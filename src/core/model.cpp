@@ -119,6 +119,12 @@ bool ModelConfig::sparse_layer(std::int64_t l) const {
   return moe() && (l + 1) % sparse_step == 0 && !std::binary_search(dense_layers.begin(), dense_layers.end(), l);
 }
 
+std::int64_t ModelConfig::sparse_layers() const {
+  std::int64_t n = 0;
+  for (std::int64_t l = 0; l < layers; ++l) n += sparse_layer(l);
+  return n;
+}
+
 ModelConfig parse_model_config(std::string_view json_text, std::string_view origin) {
   const json j = detail::parse_json(json_text, origin);
   if (!j.is_object()) throw Error(std::string(origin) + ": expected a JSON object");

@@ -54,9 +54,10 @@ struct Dims {
   double local_experts(const TruthLayout& l) const { return std::ceil(E / groups(l)); }
   /// A layer's params on one GPU, the dense and sparse layers averaged by their share.
   double layer_params(const TruthLayout& l) const {
-    const double dense = 3 * H * I / l.tp;
-    const double moe = E * H + local_experts(l) * 3 * H * Ie / l.expert_tp();
-    return attention_params(l.tp) + (1 - sparse) * dense + sparse * moe;
+    const int t = l.tp;
+    const double dense = H * (nh / t + 2 * kv_rank(t)) * hd + nh / t * hd * H + 3 * H * I / t + 2 * H + 2 * hd;
+    const double moe = attention_params(t) + E * H + local_experts(l) * 3 * H * Ie / l.expert_tp();
+    return sparse > 0 ? (1 - sparse) * dense + sparse * moe : dense;
   }
   double layers_per_stage(int pp) const { return std::ceil(L / pp); }
   /// Params on the busiest GPU: the first stage has the embedding, the last the head.
@@ -241,11 +242,14 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
   const double peak = cluster_.gpu_bf16_tflops * 1e12;
 
   // One layer's forward over n tokens on one GPU: GEMMs, elementwise traffic, TP all-reduces.
+  auto dense_layer = [&](double n) {
+    return gemm(n, (d.nh / t + 2 * d.kv_rank(t)) * d.hd, d.H) + gemm(n, d.H, d.nh / t * d.hd) + gemm(n, 2 * d.I / t, d.H) +
+           gemm(n, d.H, d.I / t) + n * (8 * d.H + 6 * d.I / t) * 2.0 / hbm + 2 * allreduce(n * d.H * 2.0, t, tp_in, slow);
+  };
   auto attention_part = [&](double n) {
     return gemm(n, (d.nh / t + 2 * d.kv_rank(t)) * d.hd, d.H) + gemm(n, d.H, d.nh / t * d.hd) + n * 8 * d.H * 2.0 / hbm +
            2 * allreduce(n * d.H * 2.0, t, tp_in, slow);
   };
-  auto dense_mlp = [&](double n) { return gemm(n, 2 * d.I / t, d.H) + gemm(n, d.H, d.I / t) + n * 6 * d.I / t * 2.0 / hbm; };
   // A sparse MLP: every ep rank routes its n tokens at once, so a GPU's experts see their
   // share of the ep·n·k choices; the busiest GPU carries the maximum of G Poisson loads
   // times the router's skew. Only experts some token picked are read.
@@ -261,7 +265,7 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
            busiest * 6 * d.Ie / l.expert_tp() * 2.0 / hbm + dispatch;
   };
   auto layer = [&](double n) {
-    return attention_part(n) + (1 - d.sparse) * dense_mlp(n) + (d.sparse > 0 ? d.sparse * sparse_mlp(n) : 0);
+    return d.sparse > 0 ? (1 - d.sparse) * dense_layer(n) + d.sparse * (attention_part(n) + sparse_mlp(n)) : dense_layer(n);
   };
   auto head = [&](double n) { return gemm(n, d.head_rows(t), d.H); };
   // Causal flash attention of sequences whose squared length averages s2, per layer.

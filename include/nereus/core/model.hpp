@@ -47,6 +47,8 @@ struct ModelConfig {
   bool moe() const { return experts > 0; }
   /// Whether layer l has the router and experts instead of the dense MLP.
   bool sparse_layer(std::int64_t l) const;
+  /// How many layers are sparse.
+  std::int64_t sparse_layers() const;
   bool operator==(const ModelConfig&) const = default;
 };
 
