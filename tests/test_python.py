@@ -120,6 +120,41 @@ class ZeroCopy(unittest.TestCase):
             self.assertEqual(mismatches(job, "actor/train", full), [])
 
 
+class MixtureOfExperts(unittest.TestCase):
+    """A GRPO job on the tiny qwen3_moe: expert-parallel units to TP-split experts and
+    back, training state moving with the experts, bit for bit."""
+    PLAN = {"actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
+            "actor/infer": "tp=1,pp=1,ep=2,etp=1,dp=1,devices=0-1",
+            "reference/infer": "tp=1,pp=1,ep=2,etp=1,dp=1,devices=2-3",
+            "actor/train": "tp=1,pp=2,ep=2,dp=1,devices=0-3"}  # etp = tp = 1: whole experts
+
+    def test_expert_parallel_round_trip(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "grpo-moe.json")
+            with open(path, "w") as f:
+                json.dump({"algorithm": "grpo", "prompts_per_step": 8, "samples_per_prompt": 2, "prompt_len": 16,
+                           "max_response_len": 32,
+                           "models": {"actor": "tiny-qwen3-moe", "reference": "tiny-qwen3-moe", "reward": "rule"}}, f)
+            job = nereus.Job(path, self.PLAN, devices=8, capacity="64MiB")
+        unit = job.units("actor/train")[0]
+        self.assertEqual(unit.devices, [0, 1, 2, 3])
+        # GPU 1 (stage 0, ep rank 1) holds experts 3-5 of layer 1, whole, and no expert of
+        # layer 0 (a dense layer: mlp_only_layers).
+        names = {s.tensor for s in unit.shards() if s.device == 1}
+        self.assertIn("model.layers.1.mlp.experts.4.up_proj.weight", names)
+        self.assertNotIn("model.layers.1.mlp.experts.2.up_proj.weight", names)
+        self.assertFalse(any(".layers.0.mlp.experts." in n for n in names))
+        full = full_tensors(job, "actor/train", seed=11)
+        write_all(job, "actor/train", full)
+        for target in ("tp=2,pp=1,dp=2,devices=4-7", "tp=2,pp=1,ep=2,etp=4,dp=1,devices=4-7", self.PLAN["actor/train"]):
+            p = dict(self.PLAN)
+            p["actor/train"] = target
+            report = job.transition(p)
+            self.assertTrue(report["completed"], report)
+            self.assertEqual(job.plan["actor/train"], target)
+            self.assertEqual(mismatches(job, "actor/train", full), [])
+
+
 class FrameworkMemory(unittest.TestCase):
     def test_adopted_tensors_are_the_units(self):
         probe = new_job()
