@@ -22,8 +22,10 @@ Collection Collection::from_spec(std::shared_ptr<const ModelSpec> model, std::st
                                  const CollectionSpec& spec, bool train) {
   Collection c{std::move(model), std::move(model_stage), train, {}};
   const std::size_t n = static_cast<std::size_t>(spec.layout.size());
+  Layout layout = spec.layout;
+  if (c.model && !c.model->config().moe()) layout.etp = 0;  // dense models ignore etp: one sharding, one layout
   for (int j = 0; j < spec.dp; ++j) {
-    Emu u{spec.layout, {}};
+    Emu u{layout, {}};
     u.gpus.assign(spec.devices.begin() + static_cast<std::ptrdiff_t>(j * n),
                   spec.devices.begin() + static_cast<std::ptrdiff_t>((j + 1) * n));
     c.units.push_back(std::move(u));

@@ -49,6 +49,8 @@ void validate_experts(const ModelConfig& m, const Layout& l, const std::string& 
     return;
   }
   const int k = l.expert_tp();
+  if (l.stage_size() > 4096)  // positions of a stage are 12-bit codes in the planner's tables
+    throw Error("layout " + spec + ": tp·ep = " + std::to_string(l.stage_size()) + " exceeds 4096 GPUs per pipeline stage");
   if (l.stage_size() % k != 0)
     throw Error("layout " + spec + ": etp=" + std::to_string(k) + " does not divide tp·ep = " +
                 std::to_string(l.stage_size()));
