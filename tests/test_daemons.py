@@ -396,6 +396,23 @@ try:
                        capture_output=True, text=True, timeout=30)
     check(r.returncode == 1 and "no-such-job" in r.stderr, f"an unknown job: one clear error ({r.stderr.strip()[-200:]})")
 
+    # A mixture-of-experts job across the daemons: expert-parallel units to TP-split experts.
+    moe_job = os.path.join(work, "grpo-moe.json")
+    with open(moe_job, "w") as f:
+        json.dump({"algorithm": "grpo", "prompts_per_step": 8, "samples_per_prompt": 2, "prompt_len": 16,
+                   "max_response_len": 32,
+                   "models": {"actor": "tiny-qwen3-moe", "reference": "tiny-qwen3-moe", "reward": "rule"}}, f)
+    moe_from = {"actor/generate": "tp=2,pp=1,dp=2,devices=0-3", "actor/infer": "tp=1,pp=1,ep=2,dp=1,devices=0:1",
+                "reference/infer": "tp=1,pp=1,ep=2,dp=1,devices=2:3", "actor/train": "tp=1,pp=2,ep=2,dp=1,devices=0-3"}
+    moe_to = {"actor/generate": "tp=1,pp=1,ep=2,dp=2,devices=2-5", "actor/infer": "tp=2,pp=1,dp=1,devices=4:5",
+              "reference/infer": "tp=2,pp=1,dp=1,devices=0:1", "actor/train": "tp=2,pp=1,ep=2,etp=1,dp=1,devices=2-5"}
+    r = subprocess.run([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", moe_job, "--json",
+                        "--plan", json.dumps(moe_from), "--to", json.dumps(moe_to)], capture_output=True, text=True, timeout=300)
+    jm = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+    check(r.returncode == 0 and jm.get("transition", {}).get("completed") is True and jm.get("plan") == moe_to
+          and jm.get("verified") is True,
+          f"cluster job, MoE: EP units to TP-split experts across the daemons, verified ({jm.get('plan')} {r.stderr.strip()[-300:]})")
+
     # Orderly stop.
     for d in [nodes[1], nodes[2], coord]:
         d.p.send_signal(signal.SIGTERM)
