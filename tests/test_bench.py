@@ -121,6 +121,13 @@ check(0 < j.get("failure_detected_seconds", -1) < 20, f"failure detected within 
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--capacity", "1MiB"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "cannot allocate" in p.stderr, f"capacity too small: one clear error ({p.stderr.strip()})")
+# Units larger than this machine's free memory: refused before any byte is allocated, not
+# killed by the kernel mid-fill (941 GB of Qwen3-235B-A22B shards, every worker here).
+for extra in [[], ["--transport", "ucx", "--procs", "2"]]:
+    p = subprocess.run([NEREUS, "bench", "transition", "--model", "qwen3-235b-a22b", "--from", "tp=8,pp=1,dp=1", "--to",
+                        "tp=4,pp=2,dp=1", *extra], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1 and "of host memory but this machine has" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+          f"units beyond the machine's memory {extra}: one clear error ({p.stderr.strip()[-300:]})")
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--procs", "2"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")

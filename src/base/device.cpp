@@ -1,5 +1,8 @@
 #include "nereus/base/device.hpp"
 
+#include <fstream>
+#include <string>
+
 #include <sys/mman.h>
 
 #include <charconv>
@@ -130,6 +133,15 @@ class HostDevice final : public Device {
 }  // namespace
 
 std::string_view to_string(MemoryKind k) { return k == MemoryKind::host ? "host" : "cuda"; }
+
+std::uint64_t host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  std::uint64_t kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
 
 std::unique_ptr<Device> make_device(const DeviceSpec& spec) {
   switch (spec.kind) {

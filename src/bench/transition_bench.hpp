@@ -39,6 +39,10 @@ using Prepared = PreparedReshard;
 
 /// prepare_reshard() after checking the bench's own flags.
 Prepared prepare(const TransitionConfig& c);
+/// Host memory the units of `p` take on this machine (sources, plus targets not kept in
+/// their source's buffer), against what it has free: one clear error instead of the
+/// kernel's OOM killer mid-fill. For the benches whose processes all run here.
+void check_host_memory(const Prepared& p);
 /// This machine's memcpy bandwidth in GB/s (10^9 B/s) with `threads` threads.
 double memcpy_gbps(unsigned threads);
 /// A run's transfers as JSON, [[src, dst, bytes, start, end], ...] (seconds from the run's

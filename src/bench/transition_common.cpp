@@ -10,7 +10,9 @@
 
 #include "nereus/base/error.hpp"
 #include "nereus/core/bytes.hpp"
+#include "nereus/base/device.hpp"
 #include "nereus/base/svg.hpp"
+#include "nereus/plan/geometry.hpp"
 #include "nereus/base/trace_events.hpp"
 #include "transition_bench.hpp"
 
@@ -150,6 +152,21 @@ Prepared prepare(const TransitionConfig& c) {
   if (c.procs > static_cast<int>(p.devices.size()))
     throw Error("--procs " + std::to_string(c.procs) + " exceeds the " + std::to_string(p.devices.size()) + " devices");
   return p;
+}
+
+void check_host_memory(const Prepared& p) {
+  std::uint64_t need = p.plan.summary().target_bytes - p.plan.summary().kept_bytes;
+  for (const Collection& c : p.plan.sources()) {
+    UnitGeometry geo(c.model);
+    const std::uint64_t bpe = bytes_per_element(c.model->config(), c.train);
+    for (const Emu& u : c.units)
+      for (int s = 0; s < u.layout.pp; ++s)
+        for (int g = 0; g < u.layout.stage_size(); ++g) need += static_cast<std::uint64_t>(geo.elements({&u.layout, s, g})) * bpe;
+  }
+  const std::uint64_t free = host_memory_available();
+  if (free > 0 && need > free)
+    throw Error("the units need " + human_bytes(need) + " of host memory but this machine has " + human_bytes(free) +
+                " available: use a smaller model or fewer replicas, or run across machines (--daemons)");
 }
 
 double memcpy_gbps(unsigned threads) {

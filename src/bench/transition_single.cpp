@@ -37,6 +37,7 @@ T run_until_done(asio::io_context& io, asio::awaitable<T> a) {
 
 int run_single_process(const TransitionConfig& c) {
   Prepared p = prepare(c);
+  check_host_memory(p);
   UnitStore store(p.plan, p.devices, c.capacity.empty() ? 0 : parse_capacity(c.capacity), 0);
   store.allocate_and_fill(c.copy_threads);
   asio::io_context io;

@@ -122,4 +122,8 @@ struct DeviceSpec {
 /// into this library (no CUDA backend exists yet).
 std::unique_ptr<Device> make_device(const DeviceSpec& spec);
 
+/// Host memory the kernel can still give without swapping (MemAvailable of /proc/meminfo),
+/// in bytes; 0 when unknown.
+std::uint64_t host_memory_available();
+
 }  // namespace nereus
