@@ -278,10 +278,12 @@ TEST_CASE("ground truth: mixture of experts — expert parallelism, grouped GEMM
   const double t16 = truth.expected_seconds(m, StageKind::infer, ep16, w, 0);
   CHECK(t8 < t1);
   CHECK(t16 > t8);
-  // A dense model reads no expert fields: its figures are those of an ep = 1 layout.
+  // A dense model reads no expert fields: an expert TP degree (here 1, not tp) changes
+  // none of its figures.
   const ModelConfig dense = load_model("qwen3-8b")->config();
-  CHECK(truth.expected_seconds(dense, StageKind::infer, {2, 1, 1, false, 1, 0}, w, 0) ==
-        truth.expected_seconds(dense, StageKind::infer, {2, 1, 1, false}, w, 0));
+  const TruthLayout plain{2, 1, 1, false}, with_etp{2, 1, 1, false, 1, 1};
+  CHECK(truth.expected_seconds(dense, StageKind::infer, with_etp, w, 0) == truth.expected_seconds(dense, StageKind::infer, plain, w, 0));
+  CHECK(truth.memory(dense, StageKind::train, with_etp, w).resident == truth.memory(dense, StageKind::train, plain, w).resident);
 }
 
 TEST_CASE("simulator: an MoE job replays a trace with expert-parallel plans") {

@@ -366,6 +366,8 @@ TEST_CASE("MoE layouts: specs, validity errors naming the rule, sharding.md's wo
   CHECK(invalid(*dense, "tp=2,pp=1,etp=1,dp=1").empty());  // dense models ignore etp
   CHECK(Collection::from_spec(dense, "s", parse_collection_spec("tp=2,pp=1,etp=1,dp=1"), false).units[0].layout ==
         Collection::from_spec(dense, "s", parse_collection_spec("tp=2,pp=1,dp=1"), false).units[0].layout);
+  CHECK(Collection::from_spec(moe, "s", parse_collection_spec("tp=2,pp=1,ep=2,etp=2,dp=1"), false).units[0].layout ==
+        Collection::from_spec(moe, "s", parse_collection_spec("tp=2,pp=1,ep=2,dp=1"), false).units[0].layout);
   CHECK(has(invalid(*load_model("qwen3-235b-a22b"), "tp=8,pp=1,ep=1024,etp=64,dp=1"), "exceeds 4096 GPUs per pipeline stage"));
   CHECK(has(invalid(*moe, "tp=2,pp=1,ep=3,etp=4,dp=1"), "etp=4 does not divide tp·ep = 6"));
   CHECK(has(invalid(*moe, "tp=4,pp=1,ep=64,etp=1,dp=1"), "256 expert groups exceed num_experts=128"));

@@ -85,11 +85,7 @@ std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const
     if (!valid_tp(m, tp)) continue;
     for (auto [ep, etp] : experts) {
       if (etp == 1 && tp == 1) continue;  // the same as etp = tp
-      Layout l;
-      l.tp = tp;
-      l.ep = ep;
-      l.etp = etp;
-      if (m.moe() && (l.expert_groups() > m.experts || l.expert_tp() > m.expert_intermediate)) continue;
+      if (!broken_expert_rule(m, Candidate{tp, 1, 1, false, ep, etp}.layout()).empty()) continue;
       for (int pp = 1; pp <= std::min<std::int64_t>(o.max_pp, m.layers); pp *= 2)
         for (int dp = 1; tp * pp * ep * dp <= gpus; ++dp) {
           if (sequences % dp != 0) continue;

@@ -23,7 +23,8 @@ Collection Collection::from_spec(std::shared_ptr<const ModelSpec> model, std::st
   Collection c{std::move(model), std::move(model_stage), train, {}};
   const std::size_t n = static_cast<std::size_t>(spec.layout.size());
   Layout layout = spec.layout;
-  if (c.model && !c.model->config().moe()) layout.etp = 0;  // dense models ignore etp: one sharding, one layout
+  // One sharding, one layout: etp = tp is the default, and dense models ignore etp.
+  if (layout.etp == layout.tp || (c.model && !c.model->config().moe())) layout.etp = 0;
   for (int j = 0; j < spec.dp; ++j) {
     Emu u{layout, {}};
     u.gpus.assign(spec.devices.begin() + static_cast<std::ptrdiff_t>(j * n),

@@ -36,33 +36,21 @@ bool valid_tp(const ModelConfig& m, int tp) {
   return tp >= 1 && m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0);
 }
 
-namespace {
-
-/// ep and etp (sharding.md, "Mixture-of-experts models").
-void validate_experts(const ModelConfig& m, const Layout& l, const std::string& spec) {
-  if (l.ep < 1) throw Error("layout " + spec + ": ep must be at least 1");
-  if (l.etp < 0) throw Error("layout " + spec + ": etp must be at least 1");
-  if (!m.moe()) {
-    if (l.ep != 1)
-      throw Error("layout " + spec + ": ep=" + std::to_string(l.ep) +
-                  " needs a mixture-of-experts model (this model is dense, so ep must be 1)");
-    return;
-  }
+std::string broken_expert_rule(const ModelConfig& m, const Layout& l) {
+  if (l.ep < 1) return "ep must be at least 1";
+  if (l.etp < 0) return "etp must be at least 1";
+  if (!m.moe())
+    return l.ep == 1 ? "" : "ep=" + std::to_string(l.ep) + " needs a mixture-of-experts model (this model is dense, so ep must be 1)";
   const int k = l.expert_tp();
   if (l.stage_size() > 4096)  // positions of a stage are 12-bit codes in the planner's tables
-    throw Error("layout " + spec + ": tp·ep = " + std::to_string(l.stage_size()) + " exceeds 4096 GPUs per pipeline stage");
-  if (l.stage_size() % k != 0)
-    throw Error("layout " + spec + ": etp=" + std::to_string(k) + " does not divide tp·ep = " +
-                std::to_string(l.stage_size()));
+    return "tp·ep = " + std::to_string(l.stage_size()) + " exceeds 4096 GPUs per pipeline stage";
+  if (l.stage_size() % k != 0) return "etp=" + std::to_string(k) + " does not divide tp·ep = " + std::to_string(l.stage_size());
   if (l.expert_groups() > m.experts)
-    throw Error("layout " + spec + ": tp·ep/etp = " + std::to_string(l.expert_groups()) +
-                " expert groups exceed num_experts=" + std::to_string(m.experts));
+    return "tp·ep/etp = " + std::to_string(l.expert_groups()) + " expert groups exceed num_experts=" + std::to_string(m.experts);
   if (k > m.expert_intermediate)
-    throw Error("layout " + spec + ": etp=" + std::to_string(k) + " exceeds moe_intermediate_size=" +
-                std::to_string(m.expert_intermediate));
+    return "etp=" + std::to_string(k) + " exceeds moe_intermediate_size=" + std::to_string(m.expert_intermediate);
+  return "";
 }
-
-}  // namespace
 
 void validate_layout(const ModelConfig& m, const Layout& l) {
   const std::string spec = to_string(l);
@@ -78,7 +66,7 @@ void validate_layout(const ModelConfig& m, const Layout& l) {
   if (l.pp > m.layers)
     throw Error("layout " + spec + ": pp=" + std::to_string(l.pp) + " exceeds num_hidden_layers=" +
                 std::to_string(m.layers));
-  validate_experts(m, l, spec);
+  if (const std::string why = broken_expert_rule(m, l); !why.empty()) throw Error("layout " + spec + ": " + why);
   if (!l.partition.empty()) {
     if (static_cast<int>(l.partition.size()) != l.pp)
       throw Error("layout " + spec + ": partition has " + std::to_string(l.partition.size()) +

@@ -252,13 +252,12 @@ std::optional<TensorId> ModelSpec::find(TensorKind kind, std::int32_t layer, std
   const bool sparse = config_.sparse_layer(layer);
   const std::int32_t slot = (sparse ? sparse_slot_ : kind_slot_)[static_cast<int>(kind)];
   if (slot < 0) return std::nullopt;
-  const TensorId at = layer_start_[static_cast<std::size_t>(layer)] + static_cast<TensorId>(slot);
-  if (!is_expert(kind)) return at;
+  const TensorId first = layer_start_[static_cast<std::size_t>(layer)];
+  if (!is_expert(kind)) return first + static_cast<TensorId>(slot);
   if (expert < 0 || expert >= config_.experts) return std::nullopt;
   // Experts are listed gate, up, down per expert from the expert_gate slot on.
   const int offset = static_cast<int>(kind) - static_cast<int>(TensorKind::expert_gate);
-  return layer_start_[static_cast<std::size_t>(layer)] + static_cast<TensorId>(sparse_slot_[static_cast<int>(TensorKind::expert_gate)]) +
-         static_cast<TensorId>(3 * expert + offset);
+  return first + static_cast<TensorId>(sparse_slot_[static_cast<int>(TensorKind::expert_gate)] + 3 * expert + offset);
 }
 
 std::optional<TensorId> ModelSpec::find(std::string_view name) const {

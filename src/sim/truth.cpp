@@ -48,15 +48,17 @@ struct Dims {
   bool score() const { return out != V || V == 0; }
   double kv_rank(int t) const { return std::max(1.0, kv / t); }  // KV heads replicate when t > kv
   double head_rows(int t) const { return out == V ? V / t : out; }
-  double attention_params(int t) const { return H * (nh / t + 2 * kv_rank(t)) * hd + nh / t * hd * H + 2 * H + 2 * hd; }
+  /// Attention projections on one GPU (the first terms of every layer's sum, so a dense
+  /// layer's total is added in the order it always was).
+  double attention_weights(int t) const { return H * (nh / t + 2 * kv_rank(t)) * hd + nh / t * hd * H; }
   /// Expert groups and the experts on one GPU (the fullest group).
   static double groups(const TruthLayout& l) { return double(l.tp * l.ep / l.expert_tp()); }
   double local_experts(const TruthLayout& l) const { return std::ceil(E / groups(l)); }
   /// A layer's params on one GPU, the dense and sparse layers averaged by their share.
   double layer_params(const TruthLayout& l) const {
     const int t = l.tp;
-    const double dense = H * (nh / t + 2 * kv_rank(t)) * hd + nh / t * hd * H + 3 * H * I / t + 2 * H + 2 * hd;
-    const double moe = attention_params(t) + E * H + local_experts(l) * 3 * H * Ie / l.expert_tp();
+    const double dense = attention_weights(t) + 3 * H * I / t + 2 * H + 2 * hd;
+    const double moe = attention_weights(t) + 2 * H + 2 * hd + E * H + local_experts(l) * 3 * H * Ie / l.expert_tp();
     return sparse > 0 ? (1 - sparse) * dense + sparse * moe : dense;
   }
   double layers_per_stage(int pp) const { return std::ceil(L / pp); }
@@ -242,14 +244,12 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
   const double peak = cluster_.gpu_bf16_tflops * 1e12;
 
   // One layer's forward over n tokens on one GPU: GEMMs, elementwise traffic, TP all-reduces.
+  auto attention_gemms = [&](double n) { return gemm(n, (d.nh / t + 2 * d.kv_rank(t)) * d.hd, d.H) + gemm(n, d.H, d.nh / t * d.hd); };
   auto dense_layer = [&](double n) {
-    return gemm(n, (d.nh / t + 2 * d.kv_rank(t)) * d.hd, d.H) + gemm(n, d.H, d.nh / t * d.hd) + gemm(n, 2 * d.I / t, d.H) +
-           gemm(n, d.H, d.I / t) + n * (8 * d.H + 6 * d.I / t) * 2.0 / hbm + 2 * allreduce(n * d.H * 2.0, t, tp_in, slow);
-  };
-  auto attention_part = [&](double n) {
-    return gemm(n, (d.nh / t + 2 * d.kv_rank(t)) * d.hd, d.H) + gemm(n, d.H, d.nh / t * d.hd) + n * 8 * d.H * 2.0 / hbm +
+    return attention_gemms(n) + gemm(n, 2 * d.I / t, d.H) + gemm(n, d.H, d.I / t) + n * (8 * d.H + 6 * d.I / t) * 2.0 / hbm +
            2 * allreduce(n * d.H * 2.0, t, tp_in, slow);
   };
+  auto attention_part = [&](double n) { return attention_gemms(n) + n * 8 * d.H * 2.0 / hbm + 2 * allreduce(n * d.H * 2.0, t, tp_in, slow); };
   // A sparse MLP: every ep rank routes its n tokens at once, so a GPU's experts see their
   // share of the ep·n·k choices; the busiest GPU carries the maximum of G Poisson loads
   // times the router's skew. Only experts some token picked are read.

@@ -48,6 +48,11 @@ struct Layout {
 /// multiple of the KV heads (sharding.md).
 bool valid_tp(const ModelConfig& model, int tp);
 
+/// The first rule of sharding.md's ep/etp validity that `layout` breaks for `model`
+/// (empty when none): a dense model takes only ep = 1; etp divides tp·ep; at most
+/// num_experts groups; etp ≤ moe_intermediate_size; tp·ep ≤ 4096.
+std::string broken_expert_rule(const ModelConfig& model, const Layout& layout);
+
 /// Throws Error unless `layout` is valid for `model` (sharding.md validity rules); the
 /// message names the rule that failed.
 void validate_layout(const ModelConfig& model, const Layout& layout);
