@@ -13,6 +13,7 @@
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/channel.hpp"
 #include "nereus/cluster/client.hpp"
+#include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/daemon.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/cluster/launch.hpp"

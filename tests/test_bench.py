@@ -34,8 +34,8 @@ with tempfile.TemporaryDirectory() as d:
             check_plot(svg, [" → "])
         check(rc == 0 and os.path.exists(path), f"bench transition --perfetto {extra} ({err.strip()[-200:]})")
         if rc == 0:
-            xs = check_perfetto(path, 2)
-            byte_sum = sum(e["args"]["bytes"] for e in xs if e["pid"] == 1)
+            xs = check_perfetto(path, 3 if extra else 2)  # device tracks per worker, then the links
+            byte_sum = sum(e["args"]["bytes"] for e in xs if e["pid"] != 2)
             check(byte_sum == j.get("copied_bytes"), f"perfetto {extra}: every copied byte in a transfer event "
                   f"({byte_sum} of {j.get('copied_bytes')})")
             check(all(e["args"]["transport"] in ("local", "local copy", "ucx") for e in xs), "perfetto: each transfer names its transport")

@@ -272,9 +272,9 @@ with tempfile.TemporaryDirectory() as d:
     # Progress: a line on a terminal, redrawn in place; none with --quiet or --json, none
     # when stderr is not a terminal (above: captured, no carriage return).
     check("\r" not in r.stderr, "no progress line when stderr is not a terminal")
-    def on_terminal(*extra):
+    def on_terminal(*extra, command=sim):
         leader, follower = pty.openpty()
-        p = subprocess.Popen([NEREUS, *sim, *extra], stdout=subprocess.PIPE, stderr=follower)
+        p = subprocess.Popen([NEREUS, *command, *extra], stdout=subprocess.PIPE, stderr=follower)
         os.close(follower)
         seen = b""
         while True:
@@ -296,6 +296,12 @@ with tempfile.TemporaryDirectory() as d:
     for flag in ["--quiet", "--json"]:
         rc, out, shown = on_terminal(flag)
         check(rc == 0 and "\r" not in shown, f"no progress line with {flag}")
+    # Inside one transition: bytes landed so far, chunk by chunk (1 MiB chunks, one run).
+    bench = ["bench", "transition", "--model", "tiny-llama", "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=4",
+             "--train", "--repeat", "1", "--chunk-bytes", "65536", "--per-link", "1"]
+    rc, out, shown = on_terminal(command=bench)
+    check(rc == 0 and "\rbench transition [" in shown and "B/s" in shown and " MB of " in shown,
+          f"bench transition: a progress line in bytes ({shown[-200:]!r})")
     with open(trace, "w") as f:
         f.write('{"step": 0, "gpus": 8, "response_len_mean": 100}\n{"step": 1, "gpus": "many", "response_len_mean": 100}\n')
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace], "line 2: field 'gpus'")

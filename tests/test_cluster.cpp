@@ -14,6 +14,7 @@
 #include "control.capnp.h"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/launch.hpp"
+#include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/membership.hpp"
 #include "nereus/cluster/messages.hpp"
 #include "test_util.hpp"
@@ -51,9 +52,9 @@ TEST_CASE("frames: every message kind survives a round trip") {
       Welcome{4},
       ErrorReply{"wrong token"},
       Join{2, 4, "127.0.0.1:9000", devs, 1234},
-      Heartbeat{77, devs},
+      Heartbeat{77, devs, -5'000'000'000'123, 30'000'000'000, 41'000},
       StatusRequest{},
-      ClusterStatus{4, {NodeStatus{1, true, "h:1", 5, 12, 99, 2, devs}, NodeStatus{2, false, "h:2", 6, 3000, 1, 1, {}}}},
+      ClusterStatus{4, {NodeStatus{1, true, "h:1", 5, 12, 99, 2, devs, -12'500'000'000, 55'000}, NodeStatus{2, false, "h:2", 6, 3000, 1, 1, {}}}},
   };
   for (const Body& b : bodies) {
     CAPTURE(kind_name(b));
@@ -73,7 +74,14 @@ TEST_CASE("frames: every message kind survives a round trip") {
   const auto& st = std::get<ClusterStatus>(s.body);
   REQUIRE(st.members.size() == 2);
   CHECK(st.members[0].heartbeats == 99);
+  CHECK(st.members[0].clock_offset_ns == -12'500'000'000);
+  CHECK(st.members[0].clock_rtt_ns == 55'000);
+  CHECK(st.members[1].clock_rtt_ns == -1);  // not measured yet
   CHECK(st.members[1].alive == false);
+  const auto& hb = std::get<Heartbeat>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[6]})).body);
+  CHECK(hb.clock_ns == -5'000'000'000'123);
+  CHECK(hb.offset_ns == 30'000'000'000);
+  CHECK(hb.rtt_ns == 41'000);
   CHECK(std::get<Hello>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[0]})).body).role == Role::node);
 }
 
@@ -289,6 +297,38 @@ TEST_CASE("resolve_launch: by hand and under mpirun, srun, torchrun") {
   CHECK(has(error_of([&] { resolve_launch(no_listen, with({})); }), "needs --listen"));
 }
 
+TEST_CASE("clock sync: the NTP rule, the shortest round trip of the window wins") {
+  ClockSync sync;
+  CHECK_FALSE(sync.estimate().has_value());
+  // The coordinator's clock is 30 s ahead. Symmetric legs of 50 us: exact.
+  const std::int64_t ahead = 30'000'000'000;
+  sync.add(1'000'000, 1'050'000 + ahead, 1'100'000);
+  REQUIRE(sync.estimate().has_value());
+  CHECK(sync.estimate()->offset_ns == ahead);
+  CHECK(sync.estimate()->rtt_ns == 100'000);
+  // A queued answer (outbound 50 us, back 2 ms): the error is under rtt/2, and a tighter
+  // sample already known is kept.
+  sync.add(2'000'000, 2'050'000 + ahead, 4'050'000);
+  CHECK(sync.estimate()->offset_ns == ahead);
+  // Later, a tighter sample with asymmetric legs (10 us out, 30 us back): its error,
+  // 10 us, is within its rtt/2 = 20 us, and it replaces the older one.
+  sync.add(5'000'000, 5'010'000 + ahead, 5'040'000);
+  CHECK(sync.estimate()->rtt_ns == 40'000);
+  CHECK(std::llabs(sync.estimate()->offset_ns - ahead) <= sync.estimate()->rtt_ns / 2);
+  // An answer that lands before it was sent is not a sample.
+  sync.add(9'000'000, 0, 8'000'000);
+  CHECK(sync.estimate()->rtt_ns == 40'000);
+  // Once the tight sample leaves the window, the best of the newer ones counts.
+  for (int i = 0; i < static_cast<int>(ClockSync::kWindow); ++i) {
+    const std::int64_t t1 = 10'000'000 + i * 1'000'000;
+    sync.add(t1, t1 + 100'000 - ahead, t1 + 200'000 + i * 1000);  // now the coordinator is behind
+  }
+  CHECK(sync.estimate()->offset_ns == -ahead);
+  CHECK(sync.estimate()->rtt_ns == 200'000);
+  // A node's clock on the coordinator's: 2.5 s after a run started 1 s after the origin.
+  CHECK(seconds_since(5'000'000'000, 6'000'000'000 - ahead, ahead) == doctest::Approx(1.0));
+}
+
 TEST_CASE("membership: join, heartbeats, loss by silence or by end of stream, rejoin") {
   using namespace std::chrono;
   Membership m(3, milliseconds(1500));
@@ -314,4 +354,15 @@ TEST_CASE("membership: join, heartbeats, loss by silence or by end of stream, re
   CHECK(st.members[1].alive);
   CHECK(m.lost(1, s1b, "connection closed"));
   CHECK(m.alive() == 1);
+  // Clock estimates: kept from the heartbeats that carry one, reset by a rejoin.
+  CHECK(m.heartbeat(0, s0, {}, t0 + milliseconds(2000), 0, 0));
+  const std::uint64_t s2 = m.join({2, 3, "a:3", {}, 13}, t0 + milliseconds(2000));
+  CHECK(m.heartbeat(2, s2, {}, t0 + milliseconds(2001), 7'000, 90'000));
+  CHECK(m.heartbeat(2, s2, {}, t0 + milliseconds(2002)));  // no estimate in this one: the last stays
+  const ClusterStatus c = m.status(t0 + milliseconds(2003));
+  CHECK(c.members.back().clock_offset_ns == 7'000);
+  CHECK(c.members.back().clock_rtt_ns == 90'000);
+  CHECK(m.lost(2, s2, "gone"));
+  m.join({2, 3, "a:3", {}, 14}, t0 + milliseconds(2004));
+  CHECK(m.status(t0 + milliseconds(2005)).members.back().clock_rtt_ns == -1);
 }

@@ -40,8 +40,9 @@ void Progress::update(double done) {
   char eta[32] = "";
   if (rate > 0 && done < total_) std::snprintf(eta, sizeof eta, ", ETA %.0f s", (total_ - done) / rate);
   const std::string per = unit_ == "bytes" ? amount(rate) + "/s" : amount(rate) + " " + unit_ + "/s";
-  std::fprintf(stderr, "\r%s [%s] %3.0f%% %s of %s %s, %s%s\x1b[K", label_.c_str(), bar.c_str(), 100 * frac, amount(done).c_str(),
-               amount(total_).c_str(), unit_ == "bytes" ? "" : unit_.c_str(), per.c_str(), eta);
+  const std::string of = amount(total_) + (unit_ == "bytes" ? "" : " " + unit_);
+  std::fprintf(stderr, "\r%s [%s] %3.0f%% %s of %s, %s%s\x1b[K", label_.c_str(), bar.c_str(), 100 * frac, amount(done).c_str(),
+               of.c_str(), per.c_str(), eta);
   std::fflush(stderr);
   drawn_ = true;
 }

@@ -50,7 +50,11 @@ void write_text(const std::string& path, const std::string& text, const char* fl
 
 std::string transfer_trace(const TransitionConfig& c, const std::map<int, json>& timings) {
   TraceEvents trace;
-  trace.process(1, "devices (receiving)");
+  // One group of device tracks per process (per node with --daemons), then the links.
+  const bool several = timings.size() > 1;
+  const std::string who = c.daemons.empty() ? "process " : "node ";
+  for (const auto& [rank, list] : timings)
+    trace.process(several ? 10 + rank : 1, several ? who + std::to_string(rank) + " · devices (receiving)" : "devices (receiving)");
   trace.process(2, "links");
   const std::string reshard = c.model + " " + c.from + " -> " + c.to;
   std::vector<int> process;
@@ -60,7 +64,7 @@ std::string transfer_trace(const TransitionConfig& c, const std::map<int, json>&
     const std::string transport = m.src == m.dst ? "local copy" : c.transport == "ucx" ? "ucx" : "local";
     const json args = {{"bytes", m.bytes}, {"transport", transport}, {"src", m.src}, {"dst", m.dst}, {"process", process[i]}, {"reshard", reshard}};
     const std::string name = human_bytes(m.bytes) + " " + std::to_string(m.src) + " → " + std::to_string(m.dst);
-    trace.complete(1, "device " + std::to_string(m.dst), name, m.start, m.end - m.start, args);
+    trace.complete(several ? 10 + process[i] : 1, "device " + std::to_string(m.dst), name, m.start, m.end - m.start, args);
     trace.complete(2, std::to_string(m.src) + " → " + std::to_string(m.dst), name, m.start, m.end - m.start, args);
   }
   return trace.dump();

@@ -1,5 +1,7 @@
 // `nereus bench transition --daemons HOST:PORT`: the coordinator runs the transition across
-// the running daemons and answers with the same report as the local bench.
+// the running daemons and answers with the same report as the local bench. With --perfetto
+// or --plot it also sends every node's transfers of the last run, which it has moved onto
+// its own clock with the offsets the heartbeats measured (clock_sync.hpp).
 #include "nereus/base/error.hpp"
 #include "transition_bench.hpp"
 #ifdef NEREUS_HAVE_CLUSTER
@@ -14,15 +16,13 @@ int run_on_daemons(const TransitionConfig& in) {
   using namespace nereus::cluster;
   TransitionConfig c = in;
   if (c.procs != 1) throw Error("--procs and --daemons exclude each other (the daemons' nodes are the processes)");
-  if (wants_timings(c))
-    throw Error("--perfetto and --plot are not available with --daemons yet (the daemons' report has per-link totals, not transfers)");
   c.transport = "ucx";
   const Prepared p = prepare(c);  // bad layouts fail here, before any daemon is asked
   const Endpoint at = parse_endpoint(c.daemons, "--daemons");
   const std::string token = load_token(c.token_file);
   TransitionSpec spec{c.model,    c.from,         c.to,       c.train,       c.sync,        c.repeat,
                       c.verify,   c.dump_dir,     c.capacity, c.copy_threads, c.per_link,    c.chunk_bytes,
-                      c.gpus_per_node, c.timeout_seconds, c.kill_node};
+                      c.gpus_per_node, c.timeout_seconds, c.kill_node, wants_timings(c)};
   // The whole run: every phase may take up to the timeout.
   const Body ask = spec;
   const std::string text =
@@ -34,6 +34,12 @@ int run_on_daemons(const TransitionConfig& in) {
     throw Error("the coordinator's report is not JSON");
   }
   c.procs = j.value("procs", 1);
+  if (j.contains("timings")) {  // every node's transfers, already on the coordinator's clock
+    std::map<int, json> timings;
+    for (const auto& [rank, list] : j["timings"].items()) timings[std::stoi(rank)] = list;
+    j.erase("timings");
+    write_transfer_outputs(c, timings);
+  }
   return report(c, p, std::move(j));
 }
 #else

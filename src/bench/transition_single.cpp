@@ -64,12 +64,29 @@ int run_single_process(const TransitionConfig& c) {
 
   std::vector<double> secs;
   ExecutionReport last;
-  Progress progress("bench transition", c.repeat, "runs", c.quiet || c.json);
+  // Bytes, not runs: one long transition shows its progress inside the run too.
+  const double per_run = static_cast<double>(bound.bytes());
+  Progress progress("bench transition", per_run * c.repeat, "bytes", c.quiet || c.json);
+  int runs_done = 0;
+  asio::steady_timer tick(io);
+  if (progress.shown())
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      for (;;) {
+        progress.update(per_run * runs_done + static_cast<double>(ex.landed_bytes()));
+        tick.expires_after(std::chrono::milliseconds(100));
+        auto [ec] = co_await tick.async_wait(asio::as_tuple(asio::use_awaitable));
+        if (ec || runs_done == c.repeat) co_return;
+      }
+    }, asio::detached);
   for (int r = 0; r < c.repeat; ++r) {
     last = run_until_done(io, ex.run(bound));
     secs.push_back(last.seconds);
-    progress.update(r + 1);
+    runs_done = r + 1;
+    progress.update(per_run * runs_done);
   }
+  tick.cancel();
+  io.restart();
+  io.poll();  // lets the ticker see the cancellation and end
   progress.finish();
   if (wants_timings(c)) write_transfer_outputs(c, {{0, timings_json(last.timings)}});
   nlohmann::json out = run_figures(p, secs, last.link_bytes + last.local_bytes);

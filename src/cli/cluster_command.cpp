@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -29,7 +30,7 @@ struct ClusterArgs {
 };
 
 struct JobArgs {
-  std::string coordinator, token_file, job, cluster = "h200-node", plan, to;
+  std::string coordinator, token_file, job, cluster = "h200-node", plan, to, perfetto;
   double response_len = 0, response_len_after = 0, timeout = 300;
   bool no_verify = false, json = false;
   int kill_node = -1, freeze_node = -1;
@@ -44,6 +45,11 @@ ClusterStatus fetch_status(const ClusterArgs& a) {
   return ask_daemon<ClusterStatus>(at, load_token(a.token_file), ask, Millis(a.timeout_ms));
 }
 
+/// A clock figure in ms, or null when the node has not measured its clock yet.
+nlohmann::json clock_ms(std::int64_t ns, std::int64_t rtt_ns) {
+  return rtt_ns < 0 ? nlohmann::json(nullptr) : nlohmann::json(static_cast<double>(ns) / 1e6);
+}
+
 void run_status(const ClusterArgs& a) {
   const ClusterStatus s = fetch_status(a);
   int alive = 0;
@@ -55,16 +61,21 @@ void run_status(const ClusterArgs& a) {
       for (const auto& d : m.devices) devs.push_back({{"id", d.id}, {"capacity", d.capacity}, {"used", d.used}, {"peak", d.peak}});
       members.push_back({{"rank", m.rank}, {"alive", m.alive}, {"listen", m.listen}, {"pid", m.pid},
                          {"ms_since_heartbeat", m.ms_since_heartbeat}, {"heartbeats", m.heartbeats}, {"joins", m.joins},
-                         {"devices", devs}});
+                         {"devices", devs}, {"clock_offset_ms", clock_ms(m.clock_offset_ns, m.clock_rtt_ns)},
+                         {"clock_rtt_ms", clock_ms(m.clock_rtt_ns, m.clock_rtt_ns)}});
     }
     std::cout << nlohmann::json{{"nodes", s.nodes}, {"alive", alive}, {"members", members}}.dump() << "\n";
     return;
   }
   std::cout << fmt::format("{} of {} nodes alive\n", alive, s.nodes);
-  std::cout << fmt::format("{:>4} {:<6} {:<22} {:>8} {:>10} {:>6} {:>8}\n", "rank", "state", "listen", "pid", "heartbeat", "joins", "devices");
-  for (const auto& m : s.members)
-    std::cout << fmt::format("{:>4} {:<6} {:<22} {:>8} {:>8} ms {:>6} {:>8}\n", m.rank, m.alive ? "alive" : "lost", m.listen, m.pid,
-                             m.ms_since_heartbeat, m.joins, m.devices.size());
+  std::cout << fmt::format("{:>4} {:<6} {:<22} {:>8} {:>10} {:>6} {:>8} {:>16}\n", "rank", "state", "listen", "pid", "heartbeat", "joins",
+                           "devices", "clock offset");
+  for (const auto& m : s.members) {
+    const std::string clock = m.clock_rtt_ns < 0 ? "-" : fmt::format("{:+.3f} ms ±{:.3f}", static_cast<double>(m.clock_offset_ns) / 1e6,
+                                                                      static_cast<double>(m.clock_rtt_ns) / 2e6);
+    std::cout << fmt::format("{:>4} {:<6} {:<22} {:>8} {:>8} ms {:>6} {:>8} {:>16}\n", m.rank, m.alive ? "alive" : "lost", m.listen, m.pid,
+                             m.ms_since_heartbeat, m.joins, m.devices.size(), clock);
+  }
 }
 
 /// A plan argument's JSON text: the text itself, or the file it names.
@@ -100,6 +111,7 @@ int run_job(const JobArgs& a) {
   r.timeout_seconds = a.timeout;
   r.kill_node = a.kill_node;
   r.freeze_node = a.freeze_node;
+  r.perfetto = !a.perfetto.empty();
   const Body ask = r;
   // Loading, the transition, a recovery and the check: each phase may take up to the timeout.
   const std::string text = ask_daemon<TransitionResult>(at, load_token(a.token_file), ask, Millis(static_cast<long>(a.timeout * 1000 * 8))).json;
@@ -110,6 +122,12 @@ int run_job(const JobArgs& a) {
     throw Error("the coordinator's report is not JSON");
   }
   const bool ok = !j.contains("error") && (!j.contains("verified") || j["verified"].get<bool>());
+  if (j.contains("perfetto")) {  // written even when the job failed: that is when it helps most
+    std::ofstream f(a.perfetto);
+    f << j["perfetto"].dump() << "\n";
+    if (!f) throw Error("--perfetto: cannot write '" + a.perfetto + "'");
+    j.erase("perfetto");
+  }
   if (a.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -173,6 +191,8 @@ void add_cluster_command(CLI::App& app) {
   job->add_flag("--no-verify", j->no_verify, "skip checking every unit's bytes against the fill at the end");
   job->add_option("--timeout", j->timeout, "give up a request to a node after this many seconds (default 300)")->check(CLI::PositiveNumber);
   job->add_flag("--json", j->json, "print the report as one JSON object");
+  job->add_option("--perfetto", j->perfetto,
+                  "write the job's timeline to FILE (Perfetto): the coordinator's phases and graph nodes, every node's transfers moved onto the coordinator's clock");
   job->add_option("--inject-kill-node", j->kill_node)->group("");  // fault injection for tests
   job->add_option("--inject-freeze-node", j->freeze_node)->group("");
   job->callback([j] {

@@ -73,6 +73,7 @@ struct JobRequest {
   timeoutSeconds @7 :Float64;
   killNode @8 :Int32;         # fault injection: this node dies 3 ms into its first build; -1: none
   freezeNode @9 :Int32;       # fault injection: this node stops (SIGSTOP) 3 ms into its first build; -1: none
+  perfetto @10 :Bool;         # the report carries the job's timeline, every node's on the coordinator's clock
 }
 
 struct JobOpen {
@@ -128,6 +129,7 @@ struct TransitionSpec {
   gpusPerNode @12 :Int32;
   timeoutSeconds @13 :Float64;
   killNode @14 :Int32;      # fault injection: this node's daemon dies 3 ms into the first run; -1: none
+  timings @15 :Bool;        # the report carries the last run's transfers on the coordinator's clock
 }
 
 struct Prepare {
@@ -163,6 +165,7 @@ struct RunDone {
   transfers @3 :UInt64;
   commits @4 :UInt64;
   timings @5 :List(Timing);   # every transfer the node received in this run
+  startedNs @6 :Int64;        # the node's clock (clock_sync.hpp) when the run started
 }
 
 struct Timing {
@@ -230,6 +233,12 @@ struct Join {
 struct Heartbeat {
   sequence @0 :UInt64;
   devices @1 :List(Device);
+  # Clock sync (clock_sync.hpp). From a node: its clock at send and its latest estimate of
+  # the coordinator's clock minus its own (rtt −1: none yet). In the answer: the
+  # coordinator's clock when it answered.
+  clockNs @2 :Int64;
+  offsetNs @3 :Int64;
+  rttNs @4 :Int64;
 }
 
 struct NodeStatus {
@@ -241,6 +250,8 @@ struct NodeStatus {
   heartbeats @5 :UInt64;
   joins @6 :UInt32;         # 1 + rejoins
   devices @7 :List(Device);
+  clockOffsetNs @8 :Int64;  # the coordinator's clock minus the node's, from its heartbeats
+  clockRttNs @9 :Int64;     # the round trip that estimate came from; −1: none yet
 }
 
 struct ClusterStatus {

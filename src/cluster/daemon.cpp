@@ -16,6 +16,7 @@
 
 #include "nereus/base/log.hpp"
 #include "nereus/cluster/auth.hpp"
+#include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/cluster/transition_service.hpp"
 #include "nereus/base/error.hpp"
@@ -242,7 +243,7 @@ struct Daemon::State {
       if (static_cast<int>(m.devices.size()) != o.devices)
         return "node " + std::to_string(m.rank) + " has " + std::to_string(m.devices.size()) + " devices and the coordinator " +
                std::to_string(o.devices) + "; transitions need the same on every node";
-      nodes.push_back({m.rank, parse_endpoint(m.listen, "node listen address")});
+      nodes.push_back({m.rank, parse_endpoint(m.listen, "node listen address"), m.clock_offset_ns, m.clock_rtt_ns});
     }
     return {};
   }
@@ -304,7 +305,7 @@ struct Daemon::State {
 
   ClusterStatus status() {
     if (members) {
-      members->heartbeat(0, self_session, device_info(), Clock::now());
+      members->heartbeat(0, self_session, device_info(), Clock::now(), 0, 0);
       return members->status(Clock::now());
     }
     NodeStatus me{o.launch.node_rank, true, listening().str(), static_cast<std::int32_t>(::getpid()), 0,
@@ -342,8 +343,9 @@ struct Daemon::State {
         ++metrics.frames_received;
         auto* hb = std::get_if<Heartbeat>(&m.body);
         if (!hb) throw Error(std::string("unexpected ") + kind_name(m.body) + " from node " + std::to_string(rank));
-        if (!members->heartbeat(rank, session, hb->devices, Clock::now())) throw Error("superseded by a rejoin");
-        Body ack = Heartbeat{hb->sequence, {}};
+        if (!members->heartbeat(rank, session, hb->devices, Clock::now(), hb->offset_ns, hb->rtt_ns))
+          throw Error("superseded by a rejoin");
+        Body ack = Heartbeat{hb->sequence, {}, node_clock_ns()};  // the node's clock-sync sample (clock_sync.hpp)
         co_await reply(ch, m.request_id, std::move(ack));
       }
     } catch (const std::exception& e) {
@@ -358,7 +360,7 @@ struct Daemon::State {
       t.expires_after(Millis(100));
       auto [ec] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
       if (ec) co_return;
-      members->heartbeat(0, self_session, device_info(), Clock::now());
+      members->heartbeat(0, self_session, device_info(), Clock::now(), 0, 0);
       for (int r : members->sweep(Clock::now())) log(LogLevel::warn, "node {} lost: {}", r, members->last_loss(r));
     }
   }
@@ -406,21 +408,31 @@ struct Daemon::State {
   }
 
   // Sends a heartbeat every heartbeat_every and reads the answers; ends (throws) when the
-  // coordinator closes or stays silent for dead_after.
+  // coordinator closes or stays silent for dead_after. Each exchange is a clock-sync
+  // sample; each beat carries the estimate so far, and the second beat follows the first
+  // at once so that the coordinator knows this node's clock right after the join.
   asio::awaitable<void> heartbeat(Channel& ch) {
     std::uint64_t seq = 0;
+    ClockSync sync;
     asio::steady_timer t(io);
     for (;;) {
       ++seq;
-      const Envelope beat{kProtocolVersion, seq, static_cast<std::uint32_t>(o.dead_after.count()), Heartbeat{seq, device_info()}};
+      const std::optional<ClockOffset> known = sync.estimate();
+      const std::int64_t t1 = node_clock_ns();
+      const Heartbeat hb{seq, device_info(), t1, known ? known->offset_ns : 0, known ? known->rtt_ns : -1};
+      const Envelope beat{kProtocolVersion, seq, static_cast<std::uint32_t>(o.dead_after.count()), hb};
       co_await ch.send(beat);
       ++metrics.heartbeats_sent;
       ++metrics.frames_sent;
       Envelope ack = co_await ch.receive(o.dead_after);
       ++metrics.frames_received;
-      if (!std::holds_alternative<Heartbeat>(ack.body)) throw Error(std::string("the coordinator sent ") + kind_name(ack.body));
-      t.expires_after(o.heartbeat_every);
-      co_await t.async_wait(asio::use_awaitable);
+      auto* answer = std::get_if<Heartbeat>(&ack.body);
+      if (!answer) throw Error(std::string("the coordinator sent ") + kind_name(ack.body));
+      sync.add(t1, answer->clock_ns, node_clock_ns());
+      if (known) {
+        t.expires_after(o.heartbeat_every);
+        co_await t.async_wait(asio::use_awaitable);
+      }
     }
   }
 

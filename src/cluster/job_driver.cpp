@@ -224,9 +224,13 @@ asio::awaitable<std::vector<RunDone>> JobDriver::build(std::uint32_t id, const s
   for (std::uint32_t g = 0; g < groups.size(); ++g)
     for (std::uint32_t u : groups[g]) b.sources.push_back({describe(u), g, units_.at(u).buffers});
   const Body body = b;
-  const std::vector<Envelope> got = co_await each(nodes_of(units_.at(id).emu), body, "unit-build");
+  const std::vector<int> ranks = nodes_of(units_.at(id).emu);
+  const std::vector<Envelope> got = co_await each(ranks, body, "unit-build");
   std::vector<RunDone> out;
   for (const Envelope& e : got) out.push_back(std::get<RunDone>(e.body));
+  if (timeline_)
+    for (std::size_t i = 0; i < out.size(); ++i)
+      timeline_->transfers(ranks[i], out[i], stages_[units_.at(id).stage].name() + " unit " + std::to_string(id));
   co_return out;
 }
 
@@ -367,11 +371,25 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vec
   plan_collections(job, initial, static_cast<std::int64_t>(pool.devices.size()));  // checks, before any node is touched
 
   json out{{"nodes", ranks}, {"devices_per_node", per}, {"initial_plan", plan_json(pool.to_devices(initial))}};
+  std::optional<detail::JobTimeline> timeline;
+  if (r.perfetto) {
+    timeline.emplace(nodes, per);
+    d.set_timeline(&*timeline);
+  }
+  // A phase of the job on the timeline: `what` runs from `start` to now.
+  const auto phase = [&](const std::string& what, double start) {
+    if (timeline) timeline->phase(what, start, timeline->now());
+  };
+  const auto at = [&] { return timeline ? timeline->now() : 0.0; };
   std::string error;
   try {
+    double t = at();
     co_await d.connect(nodes);
+    phase("connect", t);
     out["nccl_unique_id_bytes"] = d.nccl_id().size();
+    t = at();
     co_await d.load(initial, pool);
+    phase("load", t);
     // The controller decides the change (unless the request names the target).
     const Signals next{1, static_cast<int>(pool.devices.size()), after, after, 1};
     GlobalPlan current = d.plan_of(pool);
@@ -386,7 +404,9 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vec
       const TransitionGraph g = ctl.transition(current, *target, next);
       if (!g.feasibility.ok) throw Error("the transition does not fit device memory: " + g.feasibility.reason);
       const auto t0 = detail::clock::now();
+      t = at();
       out["transition"] = co_await detail::run_graph(d, g, pool);
+      phase("transition", t);
       // A node lost: replan from the intact units on the surviving devices (again if
       // another node is lost meanwhile, up to three times).
       json recoveries = json::array();
@@ -406,7 +426,9 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vec
           rec["target_plan"] = plan_json(survivors.to_devices(dec.target));
           const TransitionGraph rg = ctl.transition(intact, dec.target, now);
           if (!rg.feasibility.ok) throw Error("the recovery does not fit device memory: " + rg.feasibility.reason);
+          t = at();
           rec["transition"] = co_await detail::run_graph(d, rg, survivors);
+          phase("recovery", t);
         }
         recoveries.push_back(rec);
       }
@@ -414,12 +436,17 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vec
       if (d.lost().size() > 0) d.check_recoverable();
     }
     out["plan"] = plan_json(pool.to_devices(d.plan_of(pool)));
-    if (r.verify) out.update(co_await d.verify());
+    if (r.verify) {
+      t = at();
+      out.update(co_await d.verify());
+      phase("verify", t);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
   co_await d.close();
   if (!error.empty()) out["error"] = error;
+  if (timeline) out["perfetto"] = timeline->json();
   const bool failed = out.contains("error") || out.contains("failure") || (out.contains("verified") && !out["verified"].get<bool>());
   co_return TransitionOutcome{out.dump(), failed};
 }

@@ -108,10 +108,15 @@ asio::awaitable<nlohmann::json> run_graph(JobDriver& d, const TransitionGraph& g
   for (const auto& ids : d.current()) olds.emplace_back(ids.begin(), ids.end());
   DaemonUnits space(d, g, pool);
   GraphRun run(space, g, std::move(olds));
+  const double base = d.timeline() ? d.timeline()->now() : 0;
   const TransitionReport r = co_await run.run();
   json nodes = json::array();
-  for (const NodeRun& n : r.nodes)
+  for (const NodeRun& n : r.nodes) {
     nodes.push_back({{"node", n.node}, {"kind", to_string(n.kind)}, {"unit", n.unit}, {"start", n.start}, {"end", n.end}, {"bytes", n.bytes}});
+    if (d.timeline())
+      d.timeline()->graph_node(std::string(to_string(n.kind)) + " " + n.unit, base + n.start, base + n.end,
+                               {{"graph_node", n.node}, {"bytes", n.bytes}});
+  }
   json out{{"completed", r.completed},
            {"seconds", r.seconds},
            {"planned_seconds", r.planned_seconds},

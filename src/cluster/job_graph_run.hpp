@@ -18,6 +18,7 @@
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/graph_run.hpp"
 #include "nereus/runtime/notifier.hpp"
+#include "job_timeline.hpp"
 
 namespace nereus::cluster::detail {
 
@@ -91,6 +92,9 @@ class JobDriver {
   std::vector<int> lost() const;
   clock::time_point lost_at() const { return lost_at_; }
   int node_of(DeviceId d) const { return static_cast<int>(d) / per_; }
+  /// Where builds record their nodes' transfers (--perfetto); null: nowhere.
+  void set_timeline(JobTimeline* t) { timeline_ = t; }
+  JobTimeline* timeline() const { return timeline_; }
 
  private:
   struct Session {
@@ -132,6 +136,7 @@ class JobDriver {
   std::map<std::uint32_t, UnitRecord> units_;
   std::vector<std::vector<std::uint32_t>> current_;
   clock::time_point lost_at_{};
+  JobTimeline* timeline_ = nullptr;
   bool giving_up_ = false;
   std::function<bool(int)> membership_;
   bool closing_ = false;

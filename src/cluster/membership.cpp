@@ -20,15 +20,22 @@ std::uint64_t Membership::join(const Join& j, Clock::time_point now) {
   m.status.pid = j.pid;
   m.status.devices = j.devices;
   m.status.joins += 1;
+  m.status.clock_offset_ns = 0;  // a restarted process has a new clock: estimate afresh
+  m.status.clock_rtt_ns = -1;
   m.session = next_session_++;
   m.last = now;
   m.lost_why.clear();
   return m.session;
 }
 
-bool Membership::heartbeat(int rank, std::uint64_t session, const std::vector<DeviceInfo>& devices, Clock::time_point now) {
+bool Membership::heartbeat(int rank, std::uint64_t session, const std::vector<DeviceInfo>& devices, Clock::time_point now,
+                           std::int64_t offset_ns, std::int64_t rtt_ns) {
   auto it = members_.find(rank);
   if (it == members_.end() || it->second.session != session || !it->second.status.alive) return false;
+  if (rtt_ns >= 0) {
+    it->second.status.clock_offset_ns = offset_ns;
+    it->second.status.clock_rtt_ns = rtt_ns;
+  }
   it->second.last = now;
   it->second.status.heartbeats += 1;
   it->second.status.devices = devices;

@@ -155,6 +155,7 @@ TransitionSpec spec_of(w::TransitionSpec::Reader t) {
   s.gpus_per_node = t.getGpusPerNode();
   s.timeout_seconds = t.getTimeoutSeconds();
   s.kill_node = t.getKillNode();
+  s.timings = t.getTimings();
   return s;
 }
 
@@ -174,6 +175,7 @@ void put_spec(w::TransitionSpec::Builder o, const TransitionSpec& s) {
   o.setGpusPerNode(s.gpus_per_node);
   o.setTimeoutSeconds(s.timeout_seconds);
   o.setKillNode(s.kill_node);
+  o.setTimings(s.timings);
 }
 
 Body body_of(w::Envelope::Body::Reader e) {
@@ -204,7 +206,7 @@ Body body_of(w::Envelope::Body::Reader e) {
     }
     case w::Envelope::Body::HEARTBEAT: {
       auto h = e.getHeartbeat();
-      return Heartbeat{h.getSequence(), devices_of(h.getDevices())};
+      return Heartbeat{h.getSequence(), devices_of(h.getDevices()), h.getClockNs(), h.getOffsetNs(), h.getRttNs()};
     }
     case w::Envelope::Body::STATUS_REQUEST: return StatusRequest{};
     case w::Envelope::Body::STATUS: {
@@ -214,7 +216,8 @@ Body body_of(w::Envelope::Body::Reader e) {
       check_size(members, kMaxMembers, "members");
       for (auto m : members)
         out.members.push_back({m.getRank(), m.getAlive(), text_of(m.getListen(), "listen address"), m.getPid(),
-                               m.getMsSinceHeartbeat(), m.getHeartbeats(), m.getJoins(), devices_of(m.getDevices())});
+                               m.getMsSinceHeartbeat(), m.getHeartbeats(), m.getJoins(), devices_of(m.getDevices()),
+                               m.getClockOffsetNs(), m.getClockRttNs()});
       return out;
     }
     case w::Envelope::Body::TRANSITION_REQUEST: return spec_of(e.getTransitionRequest());
@@ -235,7 +238,7 @@ Body body_of(w::Envelope::Body::Reader e) {
     case w::Envelope::Body::RUN: return Run{e.getRun()};
     case w::Envelope::Body::DONE: {
       auto d = e.getDone();
-      RunDone out{d.getSeconds(), d.getLinkBytes(), d.getLocalBytes(), d.getTransfers(), d.getCommits(), {}};
+      RunDone out{d.getSeconds(), d.getLinkBytes(), d.getLocalBytes(), d.getTransfers(), d.getCommits(), {}, d.getStartedNs()};
       const auto timings = d.getTimings();
       check_size(timings, kMaxBuffers, "timings");
       out.timings.reserve(timings.size());
@@ -266,7 +269,8 @@ Body body_of(w::Envelope::Body::Reader e) {
                         text_of(j.getPlan(), "plan", kMaxFile), text_of(j.getTarget(), "target plan", kMaxFile),
                         j.getResponseLen(),                     j.getResponseLenAfter(),
                         j.getVerify(),                          j.getTimeoutSeconds(),
-                        j.getKillNode(),                        j.getFreezeNode()};
+                        j.getKillNode(),                        j.getFreezeNode(),
+                        j.getPerfetto()};
     }
     case w::Envelope::Body::JOB_OPEN: {
       auto j = e.getJobOpen();
@@ -344,6 +348,9 @@ Bytes encode_frame(const Envelope& e) {
                    auto o = body.initHeartbeat();
                    o.setSequence(h.sequence);
                    put_devices(o.initDevices(static_cast<unsigned>(h.devices.size())), h.devices);
+                   o.setClockNs(h.clock_ns);
+                   o.setOffsetNs(h.offset_ns);
+                   o.setRttNs(h.rtt_ns);
                  },
                  [&](const StatusRequest&) { body.setStatusRequest(); },
                  [&](const ClusterStatus& s) {
@@ -359,6 +366,8 @@ Bytes encode_frame(const Envelope& e) {
                      l[i].setMsSinceHeartbeat(m.ms_since_heartbeat);
                      l[i].setHeartbeats(m.heartbeats);
                      l[i].setJoins(m.joins);
+                     l[i].setClockOffsetNs(m.clock_offset_ns);
+                     l[i].setClockRttNs(m.clock_rtt_ns);
                      put_devices(l[i].initDevices(static_cast<unsigned>(m.devices.size())), m.devices);
                    }
                  },
@@ -383,6 +392,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setLocalBytes(d.local_bytes);
                    o.setTransfers(d.transfers);
                    o.setCommits(d.commits);
+                   o.setStartedNs(d.started_ns);
                    auto l = o.initTimings(static_cast<unsigned>(d.timings.size()));
                    for (unsigned i = 0; i < d.timings.size(); ++i) {
                      const Timing& t = d.timings[i];
@@ -423,6 +433,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setTimeoutSeconds(j.timeout_seconds);
                    o.setKillNode(j.kill_node);
                    o.setFreezeNode(j.freeze_node);
+                   o.setPerfetto(j.perfetto);
                  },
                  [&](const JobOpen& j) {
                    auto o = body.initJobOpen();

@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/core/global_plan.hpp"
@@ -188,7 +189,7 @@ struct NodeJob::State {
     active.push_back(ex.get());
     try {
       const ExecutionReport r = co_await ex->run(*bound);
-      RunDone d{r.seconds, r.link_bytes, r.local_bytes, r.timings.size(), r.commits.size(), {}};
+      RunDone d{r.seconds, r.link_bytes, r.local_bytes, r.timings.size(), r.commits.size(), {}, r.started_ns + node_clock_skew_ns()};
       for (const TransferTiming& t : r.timings)
         d.timings.push_back({static_cast<std::uint32_t>(t.src), static_cast<std::uint32_t>(t.dst), t.bytes, t.start, t.end});
       metrics.add_run(d.seconds, d.timings);

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nereus/cluster/clock_sync.hpp"
 #include "nereus/runtime/participant.hpp"
 #include "nereus/base/error.hpp"
 #include "offload.hpp"
@@ -95,7 +96,8 @@ asio::awaitable<NodePart::Answer> NodeTransition::answer(Channel& ch, const Enve
       s.part->run([reply_to = s.reply_to, id, &metrics = s.metrics](RunResult r) -> asio::awaitable<void> {
         Body body = Failed{r.error};
         if (r.ok) {
-          RunDone d{r.report.seconds, r.report.link_bytes, r.report.local_bytes, r.report.timings.size(), r.report.commits.size(), {}};
+          RunDone d{r.report.seconds,        r.report.link_bytes, r.report.local_bytes, r.report.timings.size(),
+                    r.report.commits.size(), {},                  r.report.started_ns + node_clock_skew_ns()};
           d.timings.reserve(r.report.timings.size());
           for (const TransferTiming& t : r.report.timings)
             d.timings.push_back({static_cast<std::uint32_t>(t.src), static_cast<std::uint32_t>(t.dst), t.bytes, t.start, t.end});

@@ -1,6 +1,7 @@
 // Transitions across daemons: the coordinator's driver (transition_service.hpp).
 #include "nereus/cluster/transition_service.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <set>
 
 #include "nereus/cluster/auth.hpp"
+#include "nereus/cluster/clock_sync.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/inbox.hpp"
@@ -38,6 +40,7 @@ struct Link {
   int rank = 0;
   std::unique_ptr<Channel> ch;
   bool alive = true;
+  std::int64_t clock_offset_ns = 0, clock_rtt_ns = -1;
 };
 
 asio::awaitable<void> pump(Channel& ch, std::size_t index, Inbox& inbox) {
@@ -67,7 +70,7 @@ class Driver {
       ch->set_peer("node " + std::to_string(n.rank) + " (" + n.listen.str() + ")");
       const Hello hello{Role::client, -1, 0, {}};
       co_await authenticate_as_client(*ch, token, hello, Millis(5000));
-      links_.push_back({n.rank, std::move(ch), true});
+      links_.push_back({n.rank, std::move(ch), true, n.clock_offset_ns, n.clock_rtt_ns});
     }
     for (std::size_t i = 0; i < links_.size(); ++i) pumps_.spawn(pump(*links_[i].ch, i, inbox_));
   }
@@ -133,8 +136,10 @@ class Driver {
     double detected = 0;
     RunDone last{};
     json link_stats = json::array();
+    json timings;
     for (int i = 0; i < spec_.repeat && error_.empty(); ++i) {
       const auto t0 = clock::now();
+      const std::int64_t origin = node_clock_ns();
       const Body run = Run{static_cast<std::uint32_t>(i)};
       co_await broadcast(run);
       const auto done = co_await gather<RunDone>("done", deadline());
@@ -146,7 +151,9 @@ class Driver {
         last.local_bytes += d.local_bytes;
       }
       link_stats = links(done);
+      if (spec_.timings) timings = on_coordinator_clock(done, origin);
     }
+    out["clocks"] = clocks();
     if (!error_.empty()) {
       const std::string first = error_;
       const Body abort = Abort{};
@@ -162,6 +169,7 @@ class Driver {
       out.update(run_figures(p, secs, last.link_bytes + last.local_bytes));
       out["verified"] = nullptr;
       out["links"] = link_stats;
+      if (spec_.timings) out["timings"] = timings;
       if (spec_.verify) {
         const Body verify = Verify{false};
         co_await broadcast(verify);
@@ -203,6 +211,37 @@ class Driver {
  private:
   void note(const std::string& e) {
     if (error_.empty()) error_ = e;
+  }
+
+  const Link& link(int rank) const {
+    return *std::find_if(links_.begin(), links_.end(), [rank](const Link& l) { return l.rank == rank; });
+  }
+
+  /// Every node's transfers of one run, per node ({"rank": [[src, dst, bytes, start, end]]}),
+  /// in seconds from `origin` on the coordinator's clock: each node's run start moved by
+  /// its heartbeats' clock offset.
+  json on_coordinator_clock(const std::map<int, RunDone>& done, std::int64_t origin) const {
+    json out = json::object();
+    for (const auto& [rank, d] : done) {
+      const double shift = seconds_since(origin, d.started_ns, link(rank).clock_offset_ns);
+      json list = json::array();
+      for (const Timing& t : d.timings) list.push_back({t.src, t.dst, t.bytes, shift + t.start, shift + t.end});
+      out[std::to_string(rank)] = std::move(list);
+    }
+    return out;
+  }
+
+  /// Each node's clock offset to the coordinator and the round trip it was measured over
+  /// (null: not measured yet, taken as 0).
+  json clocks() const {
+    json out = json::array();
+    for (const Link& l : links_) {
+      const bool known = l.clock_rtt_ns >= 0;
+      out.push_back({{"node", l.rank},
+                     {"offset_ms", known ? json(static_cast<double>(l.clock_offset_ns) / 1e6) : json(nullptr)},
+                     {"rtt_ms", known ? json(static_cast<double>(l.clock_rtt_ns) / 1e6) : json(nullptr)}});
+    }
+    return out;
   }
 
   /// The last run's transfers per (source node, destination node).

@@ -142,12 +142,20 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
   return b;
 }
 
+std::uint64_t BoundTransition::bytes() const {
+  std::uint64_t n = 0;
+  for (const BoundOp& op : ops_) n += op.list.bytes();
+  return n;
+}
+
 asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto since = [t0] { return std::chrono::duration<double>(clock::now() - t0).count(); };
   ExecutionReport report;
+  report.started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
   report.skipped_keep = bound.skipped_keep_;
+  landed_ = 0;
 
   // Links in order of first appearance; each gets `per_link_concurrency` workers.
   std::map<std::pair<DeviceId, DeviceId>, std::size_t> link_of;
@@ -183,6 +191,7 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
           }
           co_return;
         }
+        landed_ += part.bytes();
       }
       const std::uint64_t bytes = op.list.bytes();
       report.timings.push_back({op.transfer, op.list.remote_device, op.list.local_device, bytes, start, since()});

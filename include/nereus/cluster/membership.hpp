@@ -22,7 +22,9 @@ class Membership {
   /// the job, another node count, or a rank that is alive on another connection.
   std::uint64_t join(const Join& j, Clock::time_point now);
   /// A heartbeat on session `session`; false when that session is no longer current.
-  bool heartbeat(int rank, std::uint64_t session, const std::vector<DeviceInfo>& devices, Clock::time_point now);
+  /// `offset_ns`/`rtt_ns`: the node's clock estimate (clock_sync.hpp); rtt −1 keeps the last.
+  bool heartbeat(int rank, std::uint64_t session, const std::vector<DeviceInfo>& devices, Clock::time_point now,
+                 std::int64_t offset_ns = 0, std::int64_t rtt_ns = -1);
   /// The session's connection ended: the node is lost unless it already rejoined (or was
   /// already lost). True when this call marked it lost.
   bool lost(int rank, std::uint64_t session, const std::string& why);

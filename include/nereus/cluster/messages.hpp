@@ -56,6 +56,9 @@ struct Join {
 struct Heartbeat {
   std::uint64_t sequence = 0;
   std::vector<DeviceInfo> devices;
+  std::int64_t clock_ns = 0;   ///< the sender's clock (node_clock_ns) when it sent this
+  std::int64_t offset_ns = 0;  ///< from a node: its estimate of coordinator − node clock
+  std::int64_t rtt_ns = -1;    ///< that estimate's round trip; −1: no estimate yet
 };
 struct StatusRequest {};
 struct NodeStatus {
@@ -66,6 +69,8 @@ struct NodeStatus {
   std::uint64_t ms_since_heartbeat = 0, heartbeats = 0;
   std::uint32_t joins = 0;
   std::vector<DeviceInfo> devices;
+  std::int64_t clock_offset_ns = 0;  ///< coordinator clock − node clock (clock_sync.hpp)
+  std::int64_t clock_rtt_ns = -1;    ///< the round trip of that estimate; −1: none yet
 };
 struct ClusterStatus {
   std::int32_t nodes = 0;
@@ -84,6 +89,7 @@ struct TransitionSpec {
   std::int32_t gpus_per_node = 8;
   double timeout_seconds = 300;
   std::int32_t kill_node = -1;
+  bool timings = false;  ///< the report carries the last run's transfers (--perfetto, --plot)
 };
 struct TransitionResult {
   std::string json;  ///< the bench's report
@@ -111,6 +117,7 @@ struct RunDone {
   double seconds = 0;
   std::uint64_t link_bytes = 0, local_bytes = 0, transfers = 0, commits = 0;
   std::vector<Timing> timings;
+  std::int64_t started_ns = 0;  ///< the node's clock (node_clock_ns) when the run started
 };
 struct Failed {
   std::string error;
@@ -147,6 +154,7 @@ struct JobRequest {
   double timeout_seconds = 300;
   std::int32_t kill_node = -1;
   std::int32_t freeze_node = -1;
+  bool perfetto = false;  ///< the report carries `perfetto`: the job's timeline, nodes merged
 };
 struct JobOpen {
   std::string job;

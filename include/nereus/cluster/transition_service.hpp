@@ -18,10 +18,13 @@
 
 namespace nereus::cluster {
 
-/// A node to drive: its rank and where it listens.
+/// A node to drive: its rank, where it listens, and how far its clock is from the
+/// coordinator's (clock_sync.hpp; rtt −1: not known yet, taken as 0).
 struct NodeAddress {
   int rank = 0;
   Endpoint listen;
+  std::int64_t clock_offset_ns = 0;
+  std::int64_t clock_rtt_ns = -1;
 };
 
 /// Runs the transition over `nodes` (every alive node; each owns `devices_per_node`

@@ -42,6 +42,7 @@ struct ExecutionReport {
   std::vector<TransferTiming> timings;
   std::vector<UnitCommit> commits;
   double seconds = 0;
+  std::int64_t started_ns = 0;    ///< the run's start on this process's steady clock (timings count from it)
   std::uint64_t link_bytes = 0;   ///< bytes moved between devices
   std::uint64_t local_bytes = 0;  ///< bytes copied inside a device
   std::uint64_t skipped_keep = 0; ///< kept buffers bound in place: nothing to copy
@@ -51,6 +52,8 @@ struct ExecutionReport {
 class BoundTransition {
  public:
   std::size_t size() const { return ops_.size(); }
+  /// The bytes a run moves (every bound transfer's).
+  std::uint64_t bytes() const;
 
  private:
   friend class Executor;
@@ -84,12 +87,18 @@ class Executor {
   /// Cancels a running run(): in-flight transfers are cancelled, run() throws.
   void cancel();
 
+  /// Bytes of the current run (the last, once it ended) whose posts completed, chunk by
+  /// chunk: what a progress line shows while one long transition runs. Read it on the
+  /// event loop that runs run().
+  std::uint64_t landed_bytes() const { return landed_; }
+
  private:
   Transport& copies_;
   Transport* remote_;
   std::function<PeerId(DeviceId)> owner_of_;
   ExecutorOptions options_;
   AsyncScope* running_ = nullptr;
+  std::uint64_t landed_ = 0;
 };
 
 }  // namespace nereus
