@@ -30,6 +30,12 @@ inline Args parse_args(int argc, char** argv, const char* name) {
   return a;
 }
 
+/// The median of `xs` (the upper one of an even count).
+inline double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs[xs.size() / 2];
+}
+
 /// Median wall time of `repeat` calls of f, in milliseconds.
 template <class F>
 double median_ms(int repeat, F&& f) {
@@ -39,8 +45,7 @@ double median_ms(int repeat, F&& f) {
     f();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median(std::move(ms));
 }
 
 }  // namespace bench

@@ -6,6 +6,8 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include <boost/asio/write.hpp>
+
 #include <map>
 #include <random>
 #include <sys/stat.h>
@@ -13,10 +15,12 @@
 
 #include "control.capnp.h"
 #include "nereus/cluster/auth.hpp"
+#include "nereus/cluster/channel.hpp"
 #include "nereus/cluster/launch.hpp"
 #include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/membership.hpp"
 #include "nereus/cluster/messages.hpp"
+#include "run_async.hpp"
 #include "test_util.hpp"
 
 using namespace nereus;
@@ -212,6 +216,92 @@ TEST_CASE("HMAC-SHA256 matches RFC 4231 and the proofs bind both nonces") {
   CHECK_FALSE(same_proof(server_proof(token, c, s), server_proof(token, s, c)));
   CHECK_FALSE(same_proof(server_proof(token, c, s), client_proof(token, c, s)));  // labels differ: no replay
   CHECK_FALSE(same_proof({}, {}));
+}
+
+TEST_CASE("frame tags: per direction and connection, bound to the sequence number and every byte") {
+  const std::string token = "0123456789abcdef0123";
+  const Bytes c = random_nonce(), s = random_nonce();
+  const SessionKeys k = session_keys(token, c, s);
+  CHECK(k.client_to_server != k.server_to_client);
+  CHECK(k.client_to_server == session_keys(token, c, s).client_to_server);
+  CHECK(k.client_to_server != session_keys(token, c, random_nonce()).client_to_server);  // a new connection, new keys
+  CHECK(k.client_to_server != session_keys(token + "x", c, s).client_to_server);
+  const Bytes body(64, 7);
+  const Bytes tag = frame_tag(k.client_to_server, 3, body);
+  CHECK(tag.size() == kFrameTagBytes);
+  CHECK(tag == frame_tag(k.client_to_server, 3, body));
+  CHECK(tag != frame_tag(k.client_to_server, 4, body));  // replayed or reordered
+  CHECK(tag != frame_tag(k.server_to_client, 3, body));  // reflected back to its sender
+  for (std::size_t i = 0; i < body.size(); ++i) {        // any byte altered
+    Bytes other = body;
+    other[i] ^= 1;
+    CHECK(tag != frame_tag(k.client_to_server, 3, other));
+  }
+}
+
+TEST_CASE("a protected channel takes well-tagged frames in order and drops the connection on any other") {
+  namespace a = boost::asio;
+  const Bytes key = random_nonce(), back = random_nonce();
+  const Envelope beat{kProtocolVersion, 9, 0, Heartbeat{5, {}}};
+  const Bytes plain = encode_frame(beat);
+  // The frame a sender would put on the wire as the `seq`-th under `k`.
+  auto sealed = [&](std::uint64_t seq, const Bytes& k) {
+    Bytes f = plain;
+    const Bytes tag = frame_tag(k, seq, std::span<const std::uint8_t>(plain).subspan(4));
+    f.insert(f.end(), tag.begin(), tag.end());
+    const std::uint32_t n = static_cast<std::uint32_t>(f.size() - 4);
+    for (int i = 0; i < 4; ++i) f[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(n >> (8 * i));
+    return f;
+  };
+  // Writes `frames` raw into a fresh connection, then reads them with a protected Channel;
+  // returns how many it took and the error that ended it ("" if none).
+  auto deliver = [&](const std::vector<Bytes>& frames) {
+    a::io_context io;
+    tcp::acceptor acc(io, tcp::endpoint(a::ip::make_address("127.0.0.1"), 0));
+    tcp::socket writer(io);
+    writer.connect(acc.local_endpoint());
+    Channel ch(acc.accept());
+    ch.set_peer("peer");
+    ch.protect(back, key);
+    for (const Bytes& f : frames) a::write(writer, a::buffer(f));
+    writer.shutdown(tcp::socket::shutdown_send);
+    return testing::run_on(io, [&]() -> a::awaitable<std::pair<int, std::string>> {
+      int n = 0;
+      for (std::size_t i = 0; i < frames.size(); ++i) {
+        std::string error;
+        try {
+          const Envelope e = co_await ch.receive(Millis(2000), Millis(2000));
+          CHECK(std::get<Heartbeat>(e.body).sequence == 5);
+          ++n;
+          continue;
+        } catch (const std::exception& x) {
+          error = x.what();
+        }
+        co_return std::make_pair(n, error);
+      }
+      co_return std::make_pair(n, std::string());
+    }());
+  };
+  auto [ok, none] = deliver({sealed(0, key), sealed(1, key), sealed(2, key)});
+  CHECK(ok == 3);
+  CHECK(none.empty());
+  Bytes flipped = sealed(1, key);
+  flipped[10] ^= 0x20;
+  for (const auto& [what, frames] : std::vector<std::pair<const char*, std::vector<Bytes>>>{
+           {"altered", {sealed(0, key), flipped}},
+           {"replayed", {sealed(0, key), sealed(0, key)}},
+           {"reordered", {sealed(1, key), sealed(0, key)}},
+           {"one dropped", {sealed(0, key), sealed(2, key)}},
+           {"under another key", {sealed(0, back)}},
+           {"untagged", {plain}}}) {
+    CAPTURE(what);
+    const auto [taken, error] = deliver(frames);
+    CHECK(taken == (std::string(what) == "under another key" || std::string(what) == "untagged" ||
+                            std::string(what) == "reordered"
+                        ? 0
+                        : 1));
+    CHECK((has(error, "failed its integrity check") || has(error, "no room for its integrity tag")));
+  }
 }
 
 TEST_CASE("load_token: file or environment, with clear errors") {

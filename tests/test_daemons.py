@@ -20,6 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import check, finish  # noqa: E402
 from shards import check_dump  # noqa: E402
+from daemon_harness import JOB_FROM, JOB_TO, token_file as make_token  # noqa: E402
 
 BIN = sys.argv[1]
 NEREUSD = os.path.join(BIN, "nereusd")
@@ -29,11 +30,7 @@ procs = []
 
 
 def token_file(name, secret):
-    path = os.path.join(work, name)
-    with open(path, "w") as f:
-        f.write(secret + "\n")
-    os.chmod(path, 0o600)
-    return path
+    return make_token(work, name, secret)
 
 
 TOKEN = token_file("token", "s3cret-token-for-the-daemon-tests")
@@ -93,17 +90,6 @@ def cluster_job(coord, *args, token=TOKEN, timeout=300):
                        capture_output=True, text=True, timeout=timeout)
     out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
     return r.returncode, out, r.stderr
-
-
-# A job's plans across the three daemons (GPUs 0-1 on node 0, 2-3 on node 1, 4-5 on node 2).
-JOB_FROM = {"actor/generate": "tp=1,pp=1,dp=4,devices=0-3", "actor/infer": "tp=1,pp=1,dp=1,devices=0",
-            "actor/train": "tp=1,pp=1,dp=2,devices=0:1", "critic/infer": "tp=1,pp=1,dp=1,devices=1",
-            "critic/train": "tp=1,pp=1,dp=2,devices=2:3", "reference/infer": "tp=1,pp=1,dp=1,devices=2",
-            "reward/infer": "tp=1,pp=1,dp=1,devices=3"}
-JOB_TO = {"actor/generate": "tp=2,pp=1,dp=2,devices=2-5", "actor/infer": "tp=1,pp=1,dp=2,devices=4:5",
-          "actor/train": "tp=2,pp=1,dp=2,devices=2-5", "critic/infer": "tp=1,pp=1,dp=1,devices=3",
-          "critic/train": "tp=1,pp=2,dp=2,devices=2-5", "reference/infer": "tp=2,pp=1,dp=1,devices=4:5",
-          "reward/infer": "tp=1,pp=1,dp=1,devices=1"}
 
 
 def devices_of(plan):

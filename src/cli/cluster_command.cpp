@@ -141,6 +141,8 @@ int run_job(const JobArgs& a) {
       const auto& f = j["failure"];
       std::cout << fmt::format("  lost nodes {} (noticed after {:.3f} s); intact units:\n{}", f["lost_nodes"].dump(),
                                f.value("detected_seconds", 0.0), plan_line(f["intact_plan"]));
+      if (f.contains("why"))
+        for (const auto& [rank, why] : f["why"].items()) std::cout << fmt::format("    node {}: {}\n", rank, why.get<std::string>());
     }
     if (j.contains("recovery"))
       for (const auto& rec : j["recovery"]) {

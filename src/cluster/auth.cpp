@@ -2,7 +2,9 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/core_names.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 
@@ -69,6 +71,29 @@ Bytes server_proof(std::string_view token, const Bytes& client_nonce, const Byte
 
 Bytes client_proof(std::string_view token, const Bytes& server_nonce, const Bytes& client_nonce) {
   return proof(token, "nereus-client-v1", server_nonce, client_nonce);
+}
+
+SessionKeys session_keys(std::string_view token, const Bytes& client_nonce, const Bytes& server_nonce) {
+  return {proof(token, "nereus-frames-client-to-server-v1", client_nonce, server_nonce),
+          proof(token, "nereus-frames-server-to-client-v1", client_nonce, server_nonce)};
+}
+
+Bytes frame_tag(const Bytes& key, std::uint64_t sequence, std::span<const std::uint8_t> body) {
+  // EVP_MAC streams the sequence number and the body without copying the body.
+  static EVP_MAC* const hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  std::uint8_t seq[8];
+  for (int i = 0; i < 8; ++i) seq[i] = static_cast<std::uint8_t>(sequence >> (8 * i));
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
+  Bytes out(EVP_MAX_MD_SIZE);
+  std::size_t len = 0;
+  EVP_MAC_CTX* ctx = hmac ? EVP_MAC_CTX_new(hmac) : nullptr;
+  const bool ok = ctx && EVP_MAC_init(ctx, key.data(), key.size(), params) && EVP_MAC_update(ctx, seq, sizeof seq) &&
+                  EVP_MAC_update(ctx, body.data(), body.size()) && EVP_MAC_final(ctx, out.data(), &len, out.size());
+  EVP_MAC_CTX_free(ctx);
+  if (!ok) throw Error("HMAC-SHA256 failed");
+  out.resize(len);
+  return out;
 }
 
 bool same_proof(const Bytes& a, const Bytes& b) {

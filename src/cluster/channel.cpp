@@ -10,14 +10,26 @@
 
 namespace nereus::cluster {
 
+void Channel::protect(Bytes send_key, Bytes receive_key) {
+  send_key_ = std::move(send_key);
+  receive_key_ = std::move(receive_key);
+  sent_ = received_ = 0;
+}
+
 asio::awaitable<void> Channel::send(const Envelope& e) {
-  const Bytes frame = encode_frame(e);
+  Bytes frame = encode_frame(e);
   if (writing_) {  // wait in line; the sender before us hands the turn over
     auto turn = std::make_shared<asio::steady_timer>(socket_.get_executor(), asio::steady_timer::time_point::max());
     waiting_.push_back(turn);
     co_await turn->async_wait(asio::as_tuple(asio::use_awaitable));
   }
   writing_ = true;
+  if (is_protected()) {  // tagged in the order frames go out: our turn is that order
+    const Bytes tag = frame_tag(send_key_, sent_++, std::span<const std::uint8_t>(frame).subspan(4));
+    frame.insert(frame.end(), tag.begin(), tag.end());
+    const std::uint32_t n = static_cast<std::uint32_t>(frame.size() - 4);
+    for (int i = 0; i < 4; ++i) frame[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(n >> (8 * i));
+  }
   auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(frame), asio::as_tuple(asio::use_awaitable));
   if (waiting_.empty()) {
     writing_ = false;
@@ -52,9 +64,21 @@ asio::awaitable<Envelope> Channel::receive(Millis idle, Millis frame) {
   std::uint8_t head[4];
   co_await read_within(asio::buffer(head, 1), idle, "message");
   co_await read_within(asio::buffer(head + 1, 3), frame, "complete frame");
-  const std::uint32_t n = frame_length(std::span<const std::uint8_t, 4>(head, 4), frame_cap_);
+  const std::uint32_t tag = is_protected() ? kFrameTagBytes : 0;
+  const std::uint32_t n = frame_length(std::span<const std::uint8_t, 4>(head, 4), frame_cap_ + tag);
+  if (n <= tag) throw Error(peer_ + ": frame of " + std::to_string(n) + " bytes has no room for its integrity tag");
   Bytes body(n);
   co_await read_within(asio::buffer(body), frame, "complete frame");
+  if (tag) {
+    const std::span<const std::uint8_t> message(body.data(), n - tag);
+    const Bytes want = frame_tag(receive_key_, received_, message);
+    const Bytes got(body.end() - tag, body.end());
+    if (!same_proof(want, got))
+      throw Error(peer_ + ": frame " + std::to_string(received_) +
+                  " failed its integrity check (altered, injected, replayed or out of order on the way)");
+    ++received_;
+    body.resize(n - tag);
+  }
   co_return decode_body(body, frame_cap_);
 }
 
@@ -117,12 +141,15 @@ asio::awaitable<Welcome> authenticate_as_client(Channel& ch, const std::string& 
   // The client proves itself even when the server's proof is wrong (the proof reveals
   // nothing of the token), so that the server, too, logs the mismatch as a wrong token.
   const bool server_ok = same_proof(c->proof, server_proof(token, mine, c->nonce));
-  Body auth = Authenticate{client_proof(token, c->nonce, mine)};
+  const Bytes theirs = c->nonce;  // `reply` is reused below
+  Body auth = Authenticate{client_proof(token, theirs, mine)};
   reply = co_await ch.call(std::move(auth), limit);
   if (!server_ok) throw Error(ch.peer() + " could not prove the shared secret (a different token, or not a nereusd)");
   if (auto* e = std::get_if<ErrorReply>(&reply.body)) throw Error(ch.peer() + " refused the connection: " + e->message);
   auto* w = std::get_if<Welcome>(&reply.body);
   if (!w) throw Error(ch.peer() + " answered authenticate with " + kind_name(reply.body));
+  SessionKeys keys = session_keys(token, mine, theirs);
+  ch.protect(std::move(keys.client_to_server), std::move(keys.server_to_client));
   co_return *w;
 }
 
@@ -147,6 +174,8 @@ asio::awaitable<Hello> authenticate_as_server(Channel& ch, const std::string& to
   }
   const Envelope welcome{kProtocolVersion, second.request_id, 0, Welcome{nodes}};
   co_await ch.send(welcome);
+  SessionKeys keys = session_keys(token, h.nonce, nonce);
+  ch.protect(std::move(keys.server_to_client), std::move(keys.client_to_server));
   co_return h;
 }
 

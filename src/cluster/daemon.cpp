@@ -93,6 +93,8 @@ struct Daemon::State {
     return {ep.address().to_string(), ep.port()};
   }
 
+  Endpoint reachable_at() const { return o.advertise ? *o.advertise : listening(); }
+
   void finish(std::string error) {
     if (stopping) return;
     stopping = true;
@@ -189,7 +191,7 @@ struct Daemon::State {
       if (!stopping) {
         const std::string what = e.what();
         if (what.find("connection closed") == std::string::npos) {
-          ++metrics.dropped["protocol"];
+          ++metrics.dropped[what.find("integrity check") != std::string::npos ? "integrity" : "protocol"];
           log(LogLevel::warn, "dropped {}: {}", ch.peer(), what);
         }
       }
@@ -308,7 +310,7 @@ struct Daemon::State {
       members->heartbeat(0, self_session, device_info(), Clock::now(), 0, 0);
       return members->status(Clock::now());
     }
-    NodeStatus me{o.launch.node_rank, true, listening().str(), static_cast<std::int32_t>(::getpid()), 0,
+    NodeStatus me{o.launch.node_rank, true, reachable_at().str(), static_cast<std::int32_t>(::getpid()), 0,
                   metrics.heartbeats_sent, static_cast<std::uint32_t>(metrics.joins), device_info()};
     return {o.launch.nodes, {me}};
   }
@@ -351,6 +353,7 @@ struct Daemon::State {
     } catch (const std::exception& e) {
       why = e.what();
     }
+    if (why.find("integrity check") != std::string::npos) ++metrics.dropped["integrity"];
     if (!stopping && members->lost(rank, session, why)) log(LogLevel::warn, "node {} lost: {}", rank, why);
   }
 
@@ -385,7 +388,7 @@ struct Daemon::State {
       try {
         const Hello hello{Role::node, o.launch.node_rank, o.launch.nodes, {}};
         co_await authenticate_as_client(*ch, o.token, hello, o.handshake_limit);
-        Body join = Join{o.launch.node_rank, o.launch.nodes, listening().str(), device_info(), static_cast<std::int32_t>(::getpid())};
+        Body join = Join{o.launch.node_rank, o.launch.nodes, reachable_at().str(), device_info(), static_cast<std::int32_t>(::getpid())};
         Envelope r = co_await ch->call(std::move(join), o.handshake_limit);
         if (auto* e = std::get_if<ErrorReply>(&r.body)) throw Error("the coordinator refused the join: " + e->message);
         if (!std::holds_alternative<Welcome>(r.body)) throw Error(std::string("the coordinator answered join with ") + kind_name(r.body));
@@ -489,6 +492,7 @@ void Daemon::bind() {
 }
 
 Endpoint Daemon::listening() const { return s_->listening(); }
+Endpoint Daemon::reachable_at() const { return s_->reachable_at(); }
 
 std::optional<Endpoint> Daemon::metrics_listening() const {
   if (!s_->metrics_acceptor.is_open()) return std::nullopt;
@@ -502,7 +506,7 @@ asio::awaitable<void> Daemon::run() {
   s.scope.spawn(s.accept_loop());
   if (s.metrics_acceptor.is_open()) s.scope.spawn(s.metrics_loop());
   if (s.members) {
-    Join self{0, s.o.launch.nodes, s.listening().str(), s.device_info(), static_cast<std::int32_t>(::getpid())};
+    Join self{0, s.o.launch.nodes, s.reachable_at().str(), s.device_info(), static_cast<std::int32_t>(::getpid())};
     s.self_session = s.members->join(self, Clock::now());
     s.scope.spawn(s.sweep_loop());
   } else {

@@ -116,6 +116,12 @@ std::vector<int> JobDriver::lost() const {
   return out;
 }
 
+std::string JobDriver::lost_why(int rank) const {
+  for (const auto& s : sessions_)
+    if (s->rank == rank) return s->lost;
+  return {};
+}
+
 JobDriver::Session& JobDriver::session(int rank) {
   for (auto& s : sessions_)
     if (s->rank == rank) return *s;
@@ -415,7 +421,10 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vec
         d.check_recoverable();
         const Pool survivors = pool_of(d.alive(), per);
         const GlobalPlan intact = d.plan_of(survivors);
+        json why = json::object();
+        for (int r : d.lost()) why[std::to_string(r)] = d.lost_why(r);
         out["failure"] = {{"lost_nodes", d.lost()},
+                          {"why", why},
                           {"detected_seconds", std::chrono::duration<double>(d.lost_at() - t0).count()},
                           {"intact_plan", plan_json(survivors.to_devices(intact))}};
         const Signals now{static_cast<long>(2 + recoveries.size()), static_cast<int>(survivors.devices.size()), after, after, 1};

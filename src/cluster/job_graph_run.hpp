@@ -90,6 +90,8 @@ class JobDriver {
   const Bytes& nccl_id() const { return nccl_id_; }
   std::vector<int> alive() const;
   std::vector<int> lost() const;
+  /// Why node `rank` was lost (its channel's last error, or the membership's verdict).
+  std::string lost_why(int rank) const;
   clock::time_point lost_at() const { return lost_at_; }
   int node_of(DeviceId d) const { return static_cast<int>(d) / per_; }
   /// Where builds record their nodes' transfers (--perfetto); null: nowhere.

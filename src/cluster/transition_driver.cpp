@@ -220,12 +220,21 @@ class Driver {
   /// Every node's transfers of one run, per node ({"rank": [[src, dst, bytes, start, end]]}),
   /// in seconds from `origin` on the coordinator's clock: each node's run start moved by
   /// its heartbeats' clock offset.
+  /// A node's clock is known only to within half a heartbeat's round trip, so a transfer
+  /// that began right at the broadcast may seem to start a little before it: then the
+  /// whole timeline moves so that the earliest transfer starts at 0.
   json on_coordinator_clock(const std::map<int, RunDone>& done, std::int64_t origin) const {
+    std::map<int, double> shift;
+    double earliest = 0;
+    for (const auto& [rank, d] : done) {
+      shift[rank] = seconds_since(origin, d.started_ns, link(rank).clock_offset_ns);
+      for (const Timing& t : d.timings) earliest = std::min(earliest, shift[rank] + t.start);
+    }
     json out = json::object();
     for (const auto& [rank, d] : done) {
-      const double shift = seconds_since(origin, d.started_ns, link(rank).clock_offset_ns);
+      const double s = shift[rank] - earliest;
       json list = json::array();
-      for (const Timing& t : d.timings) list.push_back({t.src, t.dst, t.bytes, shift + t.start, shift + t.end});
+      for (const Timing& t : d.timings) list.push_back({t.src, t.dst, t.bytes, s + t.start, s + t.end});
       out[std::to_string(rank)] = std::move(list);
     }
     return out;

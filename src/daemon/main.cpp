@@ -18,7 +18,7 @@ namespace {
 struct Args {
   LaunchArgs launch;
   int node_rank = -1, nodes = -1;
-  std::string token_file, devices = "host:1", metrics;
+  std::string token_file, devices = "host:1", metrics, advertise;
   int heartbeat_ms = 250, dead_after_ms = 1500, handshake_ms = 5000, join_timeout_ms = 60000;
   std::uint32_t frame_cap = kDefaultFrameCap;
 };
@@ -45,6 +45,7 @@ int run(const Args& a) {
   o.token = load_token(a.token_file);
   parse_devices(a.devices, o);
   if (!a.metrics.empty()) o.metrics = parse_endpoint(a.metrics, "--metrics");
+  if (!a.advertise.empty()) o.advertise = parse_endpoint(a.advertise, "--advertise");
   if (a.heartbeat_ms < 1 || a.dead_after_ms <= a.heartbeat_ms)
     throw Error("--dead-after-ms must exceed --heartbeat-ms, and both be positive");
   o.heartbeat_every = Millis(a.heartbeat_ms);
@@ -96,6 +97,7 @@ int main(int argc, char** argv) {
   CLI::App app("nereusd: the Nereus daemon, one per node");
   Args a;
   app.add_option("--listen", a.launch.listen, "HOST:PORT to serve on (default 127.0.0.1:0; the coordinator needs one)");
+  app.add_option("--advertise", a.advertise, "HOST:PORT the other daemons reach this one at, when not --listen's (NAT, a proxy)");
   app.add_option("--token-file", a.token_file, "file with the shared secret (mode 600); else $NEREUS_TOKEN");
   app.add_option("--devices", a.devices, "host:N[:CAPACITY], the node's devices (default host:1, 1GiB each)");
   app.add_flag("--coordinator-mode", a.launch.coordinator_mode, "be the coordinator (node 0)");

@@ -29,4 +29,17 @@ Bytes client_proof(std::string_view token, const Bytes& server_nonce, const Byte
 /// Constant-time comparison.
 bool same_proof(const Bytes& a, const Bytes& b);
 
+/// After the handshake every frame carries a tag: HMAC-SHA256 under a key for its
+/// direction, derived from the token and both nonces (so each connection has its own),
+/// over the frame's sequence number in that direction and its body. An altered, injected,
+/// replayed, reordered or dropped frame fails the receiver's check, which ends the
+/// connection. The frames stay readable (integrity, not secrecy).
+struct SessionKeys {
+  Bytes client_to_server, server_to_client;
+};
+SessionKeys session_keys(std::string_view token, const Bytes& client_nonce, const Bytes& server_nonce);
+inline constexpr std::size_t kFrameTagBytes = 32;  // a whole number of Cap'n Proto words
+/// The tag of the `sequence`-th frame (from 0) sent under `key`.
+Bytes frame_tag(const Bytes& key, std::uint64_t sequence, std::span<const std::uint8_t> body);
+
 }  // namespace nereus::cluster

@@ -1,7 +1,10 @@
 #pragma once
 // One control-plane connection: frames over Asio TCP, read with deadlines and a frame
-// cap, and the authentication handshake for either side. One coroutine reads at a time;
-// any number may send (frames are written whole, one after another).
+// cap, and the authentication handshake for either side. Once the handshake succeeds,
+// every frame in either direction carries a tag (auth.hpp, session keys): a frame that was
+// altered, injected, replayed, reordered or dropped on the way fails the receiver's check
+// and ends the connection. One coroutine reads at a time; any number may send (frames are
+// written whole, one after another, and numbered in that order).
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <deque>
@@ -23,6 +26,10 @@ class Channel {
 
   /// The largest frame receive() accepts from now on (small until the peer authenticated).
   void set_frame_cap(std::uint32_t cap) { frame_cap_ = cap; }
+  /// From now on frames sent are tagged under `send_key` and frames received must carry a
+  /// good tag under `receive_key`, each direction numbered from 0 (the handshake does it).
+  void protect(Bytes send_key, Bytes receive_key);
+  bool is_protected() const { return !send_key_.empty(); }
   /// Writes one frame, after the frames already being written.
   asio::awaitable<void> send(const Envelope& e);
   /// Answers request `request_id` with `body`.
@@ -46,6 +53,8 @@ class Channel {
   std::string peer_;
   bool writing_ = false;
   std::deque<std::shared_ptr<asio::steady_timer>> waiting_;  // senders in line, woken in order
+  Bytes send_key_, receive_key_;  // empty until protect()
+  std::uint64_t sent_ = 0, received_ = 0;  // tagged frames so far, per direction
 };
 
 /// Connects to `host:port`, retrying until `limit` (the coordinator may still be

@@ -21,6 +21,7 @@ struct DaemonOptions {
   int devices = 1;                   ///< host devices on this node
   std::uint64_t device_capacity = 1ull << 30;
   std::optional<Endpoint> metrics;   ///< Prometheus endpoint
+  std::optional<Endpoint> advertise; ///< where the others reach this daemon (default: where it listens)
   Millis heartbeat_every{250};
   Millis dead_after{1500};           ///< silence after which the coordinator declares a node lost
   Millis handshake_limit{5000};      ///< a connection must authenticate within this
@@ -38,6 +39,8 @@ class Daemon {
   void bind();
   /// The bound addresses (ports chosen by the system when 0 was asked).
   Endpoint listening() const;
+  /// The address the other daemons are told to reach this one at: --advertise, else listening().
+  Endpoint reachable_at() const;
   std::optional<Endpoint> metrics_listening() const;
   /// Serves until stop(); throws nereus::Error when the node cannot join (wrong token, rank
   /// taken, coordinator unreachable within join_limit).
