@@ -14,6 +14,7 @@
 #include "nereus/plan/reshard.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/transport/local.hpp"
+#include "nereus/transport/ucx.hpp"
 
 using namespace nereus;
 using testing::error_of;
@@ -250,4 +251,37 @@ TEST_CASE("local transport: empty posts complete through the executor's event lo
   get.op = Op::get;
   auto refuse = [&]() -> asio::awaitable<int> { co_return static_cast<int>((co_await local.post(get)).code()); };
   CHECK(run_on(io, refuse()) == static_cast<int>(StatusCode::not_supported));
+}
+
+TEST_CASE("ucx: an arena the transport allocates is mapped for gets, and its bytes arrive") {
+  asio::io_context io;
+  UcxTransport ucx(io);
+  const std::size_t n = 1 << 20;
+  auto src = make_device({MemoryKind::host, 0, n, &ucx});  // shared memory from UCX
+  auto dst = make_device({MemoryKind::host, 1, n});         // our own anonymous memory
+  DeviceBuffer from = src->allocate(256 << 10, "source");
+  DeviceBuffer to = dst->allocate(256 << 10, "target");
+  for (std::size_t i = 0; i < from.size(); ++i) from.data()[i] = static_cast<std::byte>(i * 7 + 3);
+  const Registration rs = ucx.register_memory({src->arena(), src->capacity(), 0, MemoryKind::host});
+  const Registration rd = ucx.register_memory({dst->arena(), dst->capacity(), 1, MemoryKind::host});
+  REQUIRE(ucx.connect(0, ucx.address()).is_ok());
+  REQUIRE(ucx.add_remote_region(0, 0, rs.remote_key).is_ok());
+  const auto at = reinterpret_cast<std::uint64_t>(from.data());
+  CHECK(ucx.mapped(0, 0, at) != nullptr);  // readable directly: one copy per get
+  CHECK(ucx.mapped(0, 1, at) == nullptr);  // no rkey for device 1 of peer 0
+  DescriptorList get;
+  get.op = Op::get;
+  get.peer = 0;
+  get.local_device = 1;
+  get.remote_device = 0;
+  get.segments.push_back({at, reinterpret_cast<std::uint64_t>(to.data()), from.size(), 1, 0, 0});
+  const Status st = testing::run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await ucx.post(get); }());
+  CHECK(st.is_ok());
+  CHECK(std::memcmp(from.data(), to.data(), from.size()) == 0);
+  testing::run_on(io, [&]() -> asio::awaitable<int> {
+    co_await ucx.shutdown();
+    co_return 0;
+  }());
+  ucx.deregister_memory(rs);
+  ucx.deregister_memory(rd);
 }

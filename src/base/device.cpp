@@ -119,15 +119,22 @@ class HostQueue final : public DeviceQueue {
   void synchronize() override {}
 };
 
-/// A host-memory device: its arena is reserved address space, committed on first touch.
+/// A host-memory device: its arena is reserved address space, committed on first touch,
+/// or what an ArenaSource gave.
 class HostDevice final : public Device {
  public:
-  HostDevice(DeviceId id, std::size_t capacity) : Device(id, reserve(id, capacity), capacity) {}
+  HostDevice(DeviceId id, std::size_t capacity, ArenaSource* source)
+      : Device(id, source && capacity ? source->allocate_arena(id, capacity) : reserve(id, capacity), capacity), source_(source) {}
   ~HostDevice() override {
-    if (arena()) ::munmap(arena(), capacity());
+    if (!arena()) return;
+    if (source_) source_->release_arena(arena(), capacity());
+    else ::munmap(arena(), capacity());
   }
   MemoryKind kind() const override { return MemoryKind::host; }
   std::unique_ptr<DeviceQueue> make_queue() override { return std::make_unique<HostQueue>(); }
+
+ private:
+  ArenaSource* source_;
 };
 
 }  // namespace
@@ -146,7 +153,7 @@ std::uint64_t host_memory_available() {
 std::unique_ptr<Device> make_device(const DeviceSpec& spec) {
   switch (spec.kind) {
     case MemoryKind::host:
-      return std::make_unique<HostDevice>(spec.id, spec.capacity);
+      return std::make_unique<HostDevice>(spec.id, spec.capacity, spec.arena_source);
     case MemoryKind::cuda:
       break;
   }

@@ -38,16 +38,18 @@ T run_until_done(asio::io_context& io, asio::awaitable<T> a) {
 int run_single_process(const TransitionConfig& c) {
   Prepared p = prepare(c);
   check_host_memory(p);
-  UnitStore store(p.plan, p.devices, c.capacity.empty() ? 0 : parse_capacity(c.capacity), 0);
-  store.allocate_and_fill(c.copy_threads);
   asio::io_context io;
-  LocalTransport local({c.copy_threads, 1 << 20});
-  std::unique_ptr<UcxTransport> ucx;
-  std::vector<Registration> regs;
+  std::unique_ptr<UcxTransport> ucx;  // before the store: it allocates the store's arenas
   if (c.transport == "ucx") {
     UcxOptions uo;
     uo.peer_error_handling = c.ucx_peer_errors;
     ucx = std::make_unique<UcxTransport>(io, uo);
+  }
+  UnitStore store(p.plan, p.devices, c.capacity.empty() ? 0 : parse_capacity(c.capacity), 0, ucx.get());
+  store.allocate_and_fill(c.copy_threads);
+  LocalTransport local({c.copy_threads, 1 << 20});
+  std::vector<Registration> regs;
+  if (ucx) {
     if (Status st = ucx->connect(0, ucx->address()); !st) throw Error(st.message());
     for (auto& [d, dev] : store.devices()) {
       regs.push_back(ucx->register_memory({dev->arena(), dev->capacity(), d, MemoryKind::host}));

@@ -53,6 +53,7 @@ asio::awaitable<void> serve(const TransitionConfig& c, asio::io_context& io, Soc
   std::vector<PeerInfo> infos;
   for (const json& w : peers["workers"]) infos.push_back(peer_of(w));
   part.connect(infos);
+  part.warm();  // before any run: nothing of ours is in flight yet, and peers do not need our loop
   {
     const json msg = {{"type", "connected"}};
     co_await send(control, msg);

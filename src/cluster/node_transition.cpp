@@ -83,6 +83,9 @@ asio::awaitable<NodePart::Answer> NodeTransition::answer(Channel& ch, const Enve
       else co_return NotMine{};
     } else if (auto* peers = std::get_if<Peers>(&m.body)) {
       s.part->connect(peers->all);
+      Participant* part = s.part.get();
+      auto warm = [part] { part->warm(); return 0; };
+      co_await s.offload(warm);  // page faults of the peers' mapped memory, off the event loop
       reply = Connected{};
     } else if (std::holds_alternative<Run>(m.body)) {
       if (s.kill_node == s.rank) {  // fault injection: this daemon dies 3 ms into the run

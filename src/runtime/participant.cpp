@@ -1,5 +1,8 @@
 #include "nereus/runtime/participant.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <set>
 #include <utility>
@@ -27,9 +30,9 @@ Participant::Participant(asio::io_context& io, const ReshardSpec& c, const Prepa
       mine_(std::move(mine)),
       self_(self),
       owner_(std::move(owner)),
-      store_(p.plan, mine_, c.capacity.empty() ? 0 : parse_capacity(c.capacity), self),
-      local_({c.copy_threads, 1 << 20}),
       ucx_(io, ucx_options(c)),
+      store_(p.plan, mine_, c.capacity.empty() ? 0 : parse_capacity(c.capacity), self, &ucx_),
+      local_({c.copy_threads, 1 << 20}),
       scope_(io.get_executor()) {}
 
 Participant::~Participant() {
@@ -57,7 +60,10 @@ void Participant::connect(const std::vector<PeerInfo>& peers) {
     if (Status st = ucx_.connect(w.rank, w.address); !st) throw Error(st.message());
     for (const auto& reg : w.regions)
       if (Status st = ucx_.add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
-    for (const auto& b : w.buffers) store_.table().bind({b.side, b.device, b.buffer, b.slot}, {b.address, b.bytes, w.rank});
+    for (const auto& b : w.buffers) {
+      store_.table().bind({b.side, b.device, b.buffer, b.slot}, {b.address, b.bytes, w.rank});
+      if (const std::byte* at = ucx_.mapped(w.rank, b.device, b.address)) mapped_sources_.push_back({at, b.bytes});
+    }
   }
   ExecutorOptions eo;
   eo.per_link_concurrency = c_.per_link;
@@ -65,6 +71,20 @@ void Participant::connect(const std::vector<PeerInfo>& peers) {
   eo.self = self_;
   ex_ = std::make_unique<Executor>(local_, &ucx_, owner_, eo);
   bound_ = std::make_unique<BoundTransition>(ex_->bind(p_.plan.transfers_touching(mine_), p_.target, store_.table()));
+}
+
+void Participant::warm() const {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  for (const auto& [at, bytes] : mapped_sources_) {
+    if (bytes == 0) continue;
+    const auto lo = reinterpret_cast<std::uintptr_t>(at) / page * page;
+    const auto hi = (reinterpret_cast<std::uintptr_t>(at) + bytes + page - 1) / page * page;
+#ifdef MADV_POPULATE_READ
+    if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_READ) == 0) continue;
+#endif
+    volatile std::byte sink{};
+    for (std::size_t off = 0; off < bytes; off += page) sink = at[off];  // older kernels
+  }
 }
 
 void Participant::run(std::function<asio::awaitable<void>(RunResult)> done) {

@@ -1,5 +1,8 @@
 #include "nereus/runtime/unit_store.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -122,14 +125,31 @@ FillCheck check_buffer(const ModelSpec& m, const BufferSpec& b, const std::byte*
   return res;
 }
 
-UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self)
-    : plan_(plan), mine_(std::move(devices)), capacity_(capacity), self_(self) {
+UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self, ArenaSource* arenas)
+    : plan_(plan), mine_(std::move(devices)), capacity_(capacity), self_(self), arenas_(arenas) {
   for (std::uint32_t c = 0; c < plan.sources().size(); ++c) {
     auto b = collection_buffers(plan.sources()[c], c, mine_);
     sources_.insert(sources_.end(), b.begin(), b.end());
   }
   targets_ = collection_buffers(plan.target(), kTargetSide, mine_);
 }
+
+namespace {
+
+/// Faults in the pages of [p, p + n) for writing, without changing their bytes' meaning
+/// (a target's bytes are all overwritten by its transition).
+void commit_pages(std::byte* p, std::size_t n) {
+  if (n == 0) return;
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<std::uintptr_t>(p) / page * page;
+  const auto hi = (reinterpret_cast<std::uintptr_t>(p) + n + page - 1) / page * page;
+#ifdef MADV_POPULATE_WRITE
+  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  for (std::size_t off = 0; off < n; off += page) p[off] = std::byte{0};  // older kernels
+}
+
+}  // namespace
 
 void UnitStore::allocate_and_fill(unsigned threads) {
   // Kept target buffers alias their source buffer: nothing to allocate or copy.
@@ -141,7 +161,7 @@ void UnitStore::allocate_and_fill(unsigned threads) {
   for (const auto& b : targets_)
     if (!alias.count(b.key)) need[b.key.device] += (b.bytes() + 255) / 256 * 256;
   for (DeviceId d : mine_)
-    devices_[d] = make_device({MemoryKind::host, d, capacity_ ? capacity_ : need[d] + (1 << 20)});
+    devices_[d] = make_device({MemoryKind::host, d, capacity_ ? capacity_ : need[d] + (1 << 20), arenas_});
   for (const auto* list : {&sources_, &targets_})
     for (const auto& b : *list) {
       if (alias.count(b.key)) continue;
@@ -153,12 +173,21 @@ void UnitStore::allocate_and_fill(unsigned threads) {
     }
   for (const auto& [t, s] : alias) table_.bind(t, *table_.find(s));
 
-  // The fill: each part's elements in shard order, row-major in the buffer.
+  // The fill: each part's elements in shard order, row-major in the buffer. Target
+  // buffers are committed here too (pages faulted in, off any event loop): a transport
+  // that copies inside its progress call (UCX gets from shared memory) would otherwise
+  // take the page faults of first touch on its event loop, at several µs a page.
   const ModelSpec& m = *plan_.target().model;
   std::atomic<std::size_t> next{0};
+  const std::size_t jobs = sources_.size() + targets_.size();
   auto work = [&] {
-    for (std::size_t i = next++; i < sources_.size(); i = next++)
-      fill_buffer(m, sources_[i], const_cast<std::byte*>(address(sources_[i])));
+    for (std::size_t i = next++; i < jobs; i = next++) {
+      if (i < sources_.size()) {
+        fill_buffer(m, sources_[i], const_cast<std::byte*>(address(sources_[i])));
+      } else if (const BufferSpec& t = targets_[i - sources_.size()]; !alias.count(t.key)) {
+        commit_pages(const_cast<std::byte*>(address(t)), t.bytes());
+      }
+    }
   };
   std::vector<std::thread> pool;
   for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);

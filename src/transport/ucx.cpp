@@ -53,6 +53,7 @@ struct UcxTransport::Impl {
     ucp_mem_h memh = nullptr;
   };
   std::vector<Region> regions;
+  std::vector<Region> arenas;  // allocated by allocate_arena(), until released
   // Every memh, deregistered or not: unmapped only after the worker is destroyed.
   std::vector<ucp_mem_h> mapped;
   /// Set when a peer may have died or frozen with requests in flight (ucx.hpp,
@@ -106,8 +107,13 @@ struct UcxTransport::Impl {
   asio::awaitable<void> progress_loop() {
     while (!stopping) {
       if (in_flight > 0) {
+        // A get from shared memory copies inside progress (a segment per call), so
+        // "progress until nothing moves" could copy gigabytes without letting a timer or
+        // a heartbeat in: back to the event loop after a millisecond at most.
         unsigned n = 0;
-        while (ucp_worker_progress(worker) != 0) ++n;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+        while (ucp_worker_progress(worker) != 0)
+          if (++n % 16 == 0 && std::chrono::steady_clock::now() >= until) break;
         // Nothing moved: give the core to whoever does (copy threads, peers on the
         // same host) before polling again.
         if (n == 0) sched_yield();
@@ -274,26 +280,59 @@ asio::awaitable<void> UcxTransport::shutdown() {
 
 Capabilities UcxTransport::capabilities() const { return {false, true, true, false, {MemoryKind::host}}; }
 
-Registration UcxTransport::register_memory(const MemoryRegion& region) {
+std::byte* UcxTransport::allocate_arena(DeviceId id, std::size_t bytes) {
   ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = region.base;
-  mp.length = region.size;
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
   ucp_mem_h memh = nullptr;
   if (ucs_status_t s = ucp_mem_map(impl_->context, &mp, &memh); s != UCS_OK)
-    throw Error("ucx: cannot register device " + std::to_string(region.device) + " memory: " + ucs(s));
+    throw Error("device " + std::to_string(id) + ": UCX cannot allocate " + std::to_string(bytes) + " bytes: " + ucs(s));
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK) {
+    ucp_mem_unmap(impl_->context, memh);
+    throw Error("device " + std::to_string(id) + ": UCX allocated memory it cannot describe: " + ucs(s));
+  }
+  impl_->mapped.push_back(memh);  // unmapped after the worker is gone, like every memh
+  const auto lo = reinterpret_cast<std::uintptr_t>(attr.address);
+  impl_->arenas.push_back({lo, lo + attr.length, memh});
+  return static_cast<std::byte*>(attr.address);
+}
+
+void UcxTransport::release_arena(std::byte* arena, std::size_t) {
+  const auto lo = reinterpret_cast<std::uintptr_t>(arena);
+  auto gone = [lo](const Impl::Region& r) { return r.lo == lo; };
+  std::erase_if(impl_->arenas, gone);
+  std::erase_if(impl_->regions, gone);
+}
+
+Registration UcxTransport::register_memory(const MemoryRegion& region) {
+  const auto lo = reinterpret_cast<std::uintptr_t>(region.base);
+  ucp_mem_h memh = nullptr;
+  for (const Impl::Region& a : impl_->arenas)  // an arena we allocated is mapped already
+    if (lo >= a.lo && lo + region.size <= a.hi) memh = a.memh;
+  const bool ours = memh != nullptr;
+  if (!ours) {
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = region.base;
+    mp.length = region.size;
+    if (ucs_status_t s = ucp_mem_map(impl_->context, &mp, &memh); s != UCS_OK)
+      throw Error("ucx: cannot register device " + std::to_string(region.device) + " memory: " + ucs(s));
+  }
   void* buf = nullptr;
   std::size_t len = 0;
   if (ucs_status_t s = ucp_rkey_pack(impl_->context, memh, &buf, &len); s != UCS_OK) {
-    ucp_mem_unmap(impl_->context, memh);
+    if (!ours) ucp_mem_unmap(impl_->context, memh);
     throw Error("ucx: cannot pack rkey of device " + std::to_string(region.device) + ": " + ucs(s));
   }
   Registration r{region, std::vector<std::byte>(static_cast<std::byte*>(buf), static_cast<std::byte*>(buf) + len),
                  reinterpret_cast<std::uint64_t>(memh)};
   ucp_rkey_buffer_release(buf);
-  const auto lo = reinterpret_cast<std::uintptr_t>(region.base);
   impl_->regions.push_back({lo, lo + region.size, memh});
-  impl_->mapped.push_back(memh);
+  if (!ours) impl_->mapped.push_back(memh);
   return r;
 }
 
@@ -343,6 +382,14 @@ Status UcxTransport::add_remote_region(PeerId peer, DeviceId device, std::span<c
   if (slot) ucp_rkey_destroy(slot);
   slot = rk;
   return Status::ok();
+}
+
+const std::byte* UcxTransport::mapped(PeerId peer, DeviceId device, std::uint64_t address) const {
+  auto rk = impl_->rkeys.find({peer, device});
+  if (rk == impl_->rkeys.end()) return nullptr;
+  void* local = nullptr;
+  if (ucp_rkey_ptr(rk->second, address, &local) != UCS_OK) return nullptr;
+  return static_cast<const std::byte*>(local);
 }
 
 void UcxBatch::finish_if_done() {

@@ -20,5 +20,9 @@ Status UcxTransport::add_remote_region(PeerId, DeviceId, std::span<const std::by
 }
 asio::awaitable<Status> UcxTransport::post(DescriptorList) { co_return Status{StatusCode::not_supported, "no UCX"}; }
 asio::awaitable<void> UcxTransport::shutdown() { co_return; }
+const std::byte* UcxTransport::mapped(PeerId, DeviceId, std::uint64_t) const { return nullptr; }
+std::byte* UcxTransport::allocate_arena(DeviceId, std::size_t) { throw Error("this build has no UCX transport"); }
+void UcxTransport::release_arena(std::byte*, std::size_t) {}
+void UcxTransport::quarantine() {}
 
 }  // namespace nereus

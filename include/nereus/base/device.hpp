@@ -110,11 +110,25 @@ class Device {
   std::size_t peak_ = 0;
 };
 
+/// Where a host device's arena comes from when not from the process's own anonymous
+/// memory: a transport whose peers on the node can map memory it allocated, so that their
+/// gets become one memcpy (UCX's shared-memory allocation; see transport/ucx.hpp). The
+/// source keeps what it gave until it is destroyed itself, so it must outlive the devices.
+class ArenaSource {
+ public:
+  virtual ~ArenaSource() = default;
+  /// `bytes` for device `id`'s arena; throws Error naming the device when it cannot.
+  virtual std::byte* allocate_arena(DeviceId id, std::size_t bytes) = 0;
+  /// The device is gone (the memory may be reused once no request can touch it).
+  virtual void release_arena(std::byte* arena, std::size_t bytes) = 0;
+};
+
 /// What make_device() creates.
 struct DeviceSpec {
   MemoryKind kind = MemoryKind::host;
   DeviceId id = 0;
   std::size_t capacity = 0;  ///< bytes of the arena
+  ArenaSource* arena_source = nullptr;  ///< host: where the arena comes from (null: anonymous memory)
 };
 
 /// Creates a device of `spec.kind`. Host devices reserve their arena as address space,

@@ -82,6 +82,10 @@ class Participant {
   }
   /// Connects to every other peer and binds the transition.
   void connect(const std::vector<PeerInfo>& peers);
+  /// Faults in this process's mappings of the peers' source buffers that UCX reads
+  /// directly (shared memory), so that the first run's copies do not take those page
+  /// faults inside UCX progress on the event loop. No UCX calls: run it off the loop.
+  void warm() const;
   /// Starts one run in the background; `done` is called with its outcome.
   void run(std::function<asio::awaitable<void>(RunResult)> done);
   /// Cancels a running run and waits up to `limit` for it; false when a transfer would not
@@ -106,10 +110,11 @@ class Participant {
   std::vector<DeviceId> mine_;
   PeerId self_;
   std::function<PeerId(DeviceId)> owner_;
+  UcxTransport ucx_;  // before the store: it allocates the store's arenas (and outlives them)
   UnitStore store_;
   LocalTransport local_;
-  UcxTransport ucx_;
   std::vector<Registration> regs_;
+  std::vector<std::pair<const std::byte*, std::size_t>> mapped_sources_;  // what warm() touches
   std::unique_ptr<Executor> ex_;
   std::unique_ptr<BoundTransition> bound_;
   AsyncScope scope_;

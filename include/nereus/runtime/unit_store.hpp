@@ -52,7 +52,9 @@ FillCheck check_buffer(const ModelSpec& m, const BufferSpec& b, const std::byte*
 class UnitStore {
  public:
   /// Devices this process owns; capacity 0 sizes each arena to what it will hold.
-  UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self);
+  /// `arenas`, when given, provides the devices' arenas (and must outlive the store).
+  UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self,
+            ArenaSource* arenas = nullptr);
 
   /// Allocates source and target buffers (throws Error when a device's cap is too
   /// small) and fills the sources. Kept target buffers are bound to their source memory.
@@ -79,6 +81,7 @@ class UnitStore {
   std::size_t capacity_;
   PeerId self_;
   std::map<DeviceId, std::unique_ptr<Device>> devices_;
+  ArenaSource* arenas_ = nullptr;
   std::vector<BufferSpec> sources_, targets_;
   std::vector<DeviceBuffer> memory_;
   BufferTable table_;

@@ -6,7 +6,9 @@
 //
 // Lifetimes — who holds what, and the order things end:
 // - The memory a transport registers (device arenas) is its owner's and must outlive the
-//   transport: owners declare their devices before their transport.
+//   transport: owners declare their devices before their transport. Arenas the transport
+//   allocated itself (ArenaSource) are the exception: the transport outlives those
+//   devices, and unmaps the memory at its end.
 // - The context holds the registrations (memh); the worker holds the endpoints (ours,
 //   and those UCX makes itself, e.g. to answer a peer's emulated gets); an endpoint holds
 //   the requests pending on it and the rkeys unpacked for it. A request whose local
@@ -45,7 +47,13 @@ struct UcxOptions {
   bool peer_error_handling = false;
 };
 
-class UcxTransport final : public Transport {
+/// Also an ArenaSource: arenas it allocates (ucp_mem_map with ALLOCATE) live in memory
+/// UCX's shared-memory transports can hand to peers on the node, whose gets then read them
+/// directly (one memcpy, as `ucx_perftest -t ucp_get` does with its own buffers). Memory
+/// merely registered cannot be: without CMA (often barred in containers) UCX emulates
+/// such a get with active messages, two copies and the serving process's progress loop.
+/// Allocated arenas stay mapped until the transport is destroyed, after its worker.
+class UcxTransport final : public Transport, public ArenaSource {
  public:
   /// Creates the UCP context and worker; `io` must be run by exactly one thread.
   UcxTransport(asio::io_context& io, UcxOptions options = {});
@@ -60,6 +68,13 @@ class UcxTransport final : public Transport {
   Status connect(PeerId peer, std::span<const std::byte> address) override;
   Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key) override;
   asio::awaitable<Status> post(DescriptorList list) override;
+  /// Where [address, address + bytes) of a peer's device is mapped in this process, when
+  /// UCX reads it directly from shared memory (an arena the peer's transport allocated);
+  /// null otherwise. Touching those pages ahead (off the event loop) keeps the first get's
+  /// page faults out of the progress call that copies.
+  const std::byte* mapped(PeerId peer, DeviceId device, std::uint64_t address) const;
+  std::byte* allocate_arena(DeviceId id, std::size_t bytes) override;
+  void release_arena(std::byte* arena, std::size_t bytes) override;
 
   /// Ends our requests and stops the progress loops; call before the io_context stops
   /// (see "Lifetimes" above).
