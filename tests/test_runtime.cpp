@@ -193,7 +193,37 @@ TEST_CASE("executor rejects a transfer set that does not match its buffers befor
   bad = transfers;
   bad[0].bytes += 1;
   CHECK(error_of([&] { ex.bind(bad, plan.target(), w.table); }).find("do not fit its box") != std::string::npos);
+  // Memory kinds: GPU memory handed to a host-only transport is refused, naming it.
+  BufferTable gpu = w.table;
+  const Transfer& first = transfers[0];
+  BoundBuffer on_gpu = *gpu.find({kTargetSide, first.dst, first.dst_view.buffer, first.slot});
+  on_gpu.kind = MemoryKind::cuda;
+  gpu.bind({kTargetSide, first.dst, first.dst_view.buffer, first.slot}, on_gpu);
+  const std::string why = error_of([&] { ex.bind(transfers, plan.target(), gpu); });
+  CHECK(has(why, "its destination is cuda memory, which the mock transport does not move"));
   CHECK(mock.posts == 0);
+}
+
+TEST_CASE("executor: each bound list carries its buffers' memory kind") {
+  const auto src = coll("tp=2,pp=1,dp=1");
+  const auto dst = coll("tp=1,pp=1,dp=1,devices=2");
+  const auto plan = plan_reshard(src, dst);
+  World w;
+  w.bind_all(plan);
+  asio::io_context io;
+  testing::MockTransport mock(io.get_executor());
+  mock.memory = {MemoryKind::host, MemoryKind::cuda};
+  Executor ex(mock, &mock, [](DeviceId) { return PeerId{0}; });
+  const auto transfers = plan.transfers();
+  for (const Transfer& t : transfers) {  // every target buffer "on a GPU"
+    BoundBuffer b = *w.table.find({kTargetSide, t.dst, t.dst_view.buffer, t.slot});
+    b.kind = MemoryKind::cuda;
+    w.table.bind({kTargetSide, t.dst, t.dst_view.buffer, t.slot}, b);
+  }
+  const BoundTransition bound = ex.bind(transfers, plan.target(), w.table);
+  testing::run_on(io, ex.run(bound));
+  REQUIRE(!mock.posted.empty());
+  for (const DescriptorList& l : mock.posted) CHECK(l.kind == MemoryKind::cuda);
 }
 
 TEST_CASE("local transport moves real bytes, strided and chunked, through the executor") {

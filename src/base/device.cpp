@@ -139,6 +139,8 @@ class HostDevice final : public Device {
 
 }  // namespace
 
+MemoryKind DeviceBuffer::kind() const { return owner_ ? owner_->kind() : borrowed_kind_; }
+
 std::string_view to_string(MemoryKind k) { return k == MemoryKind::host ? "host" : "cuda"; }
 
 std::uint64_t host_memory_available() {

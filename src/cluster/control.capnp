@@ -149,6 +149,7 @@ struct SourceBuffer {
   slot @3 :UInt8;
   address @4 :UInt64;
   bytes @5 :UInt64;
+  memoryKind @6 :UInt8;       # 0 host, 1 cuda
 }
 
 struct PeerInfo {

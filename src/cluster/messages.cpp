@@ -86,8 +86,10 @@ std::vector<PeerInfo::Buffer> buffers_of(capnp::List<w::SourceBuffer>::Reader bu
   out.reserve(buffers.size());
   for (auto b : buffers) {
     if (b.getSlot() > static_cast<std::uint8_t>(Slot::exp_avg_sq)) throw Error("buffer slot " + std::to_string(b.getSlot()) + " is unknown");
+    if (b.getMemoryKind() > static_cast<std::uint8_t>(MemoryKind::cuda))
+      throw Error("buffer memory kind " + std::to_string(b.getMemoryKind()) + " is unknown");
     out.push_back({b.getSide(), static_cast<DeviceId>(b.getDevice()), b.getBuffer(), static_cast<Slot>(b.getSlot()),
-                   b.getAddress(), b.getBytes()});
+                   b.getAddress(), b.getBytes(), static_cast<MemoryKind>(b.getMemoryKind())});
   }
   return out;
 }
@@ -101,6 +103,7 @@ void put_buffers(capnp::List<w::SourceBuffer>::Builder bufs, const std::vector<P
     bufs[i].setSlot(static_cast<std::uint8_t>(b.slot));
     bufs[i].setAddress(b.address);
     bufs[i].setBytes(b.bytes);
+    bufs[i].setMemoryKind(static_cast<std::uint8_t>(b.kind));
   }
 }
 

@@ -125,7 +125,8 @@ struct NodeJob::State {
     UnitAllocated out{id, {}};
     for (std::size_t b = 0; b < u.buffers.size(); ++b) {
       const BufferKey& k = u.buffers[b].key;
-      out.buffers.push_back({0, k.device, k.buffer, k.slot, reinterpret_cast<std::uint64_t>(u.memory[b].data()), u.memory[b].size()});
+      out.buffers.push_back(
+          {0, k.device, k.buffer, k.slot, reinterpret_cast<std::uint64_t>(u.memory[b].data()), u.memory[b].size(), u.memory[b].kind()});
     }
     return out;
   }
@@ -153,13 +154,14 @@ struct NodeJob::State {
       if (c.model_stage != from[s.group].model_stage) throw Error("a source group mixes model-stages");
       from[s.group].units.push_back(c.units[0]);
       for (const PeerInfo::Buffer& x : s.buffers)
-        table.bind({s.group, x.device, x.buffer, x.slot}, {x.address, x.bytes, static_cast<PeerId>(static_cast<int>(x.device) / per)});
+        table.bind({s.group, x.device, x.buffer, x.slot}, {x.address, x.bytes, static_cast<PeerId>(static_cast<int>(x.device) / per), x.kind});
       if (auto it = units.find(s.unit.id); it != units.end()) held.push_back(&it->second);
     }
     for (std::size_t k = 0; k < target.buffers.size(); ++k) {
       const BufferKey& key = target.buffers[k].key;
       table.bind({kTargetSide, key.device, key.buffer, key.slot},
-                 {reinterpret_cast<std::uint64_t>(target.memory[k].data()), target.memory[k].size(), static_cast<PeerId>(rank)});
+                 {reinterpret_cast<std::uint64_t>(target.memory[k].data()), target.memory[k].size(), static_cast<PeerId>(rank),
+                  target.memory[k].kind()});
     }
     const ReshardPlan plan = plan_reshard(from, target.one);
     ExecutorOptions eo;

@@ -1,5 +1,6 @@
 #include "nereus/runtime/executor.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <unordered_map>
@@ -107,6 +108,9 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
     for (DeviceId d : target.units[u].gpus) unit_of[d] = u;
   BoundTransition b;
   b.unit_ops_.assign(target.units.size(), 0);
+  // What each transport can move, asked once.
+  const std::vector<MemoryKind> copies_move = copies_.capabilities().memory;
+  const std::vector<MemoryKind> remote_moves = remote_ ? remote_->capabilities().memory : std::vector<MemoryKind>{};
   for (std::size_t i = 0; i < transfers.size(); ++i) {
     const Transfer& t = transfers[i];
     if (owner_of_(t.dst) != options_.self) continue;
@@ -130,8 +134,17 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
     const bool local = src->owner == options_.self && !(options_.remote_links && remote_ && t.src != t.dst);
     if (!local && !remote_)
       throw Error(describe(t, i) + ": its source is in process " + std::to_string(src->owner) + " but no remote transport is set");
+    // Memory kinds: a transport moves only the kinds it says it can (a host-only transport
+    // handed GPU memory would read garbage or crash), so a mismatch is an error here.
+    const Transport& by = local ? copies_ : *remote_;
+    const std::vector<MemoryKind>& moves = local ? copies_move : remote_moves;
+    for (const auto& [kind, end] : {std::pair{src->kind, "source"}, std::pair{dst->kind, "destination"}})
+      if (std::find(moves.begin(), moves.end(), kind) == moves.end())
+        throw Error(describe(t, i) + ": its " + end + " is " + std::string(to_string(kind)) + " memory, which the " +
+                    std::string(by.name()) + " transport does not move");
     BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), unit->second, {}, t.src == t.dst};
     op.list.op = local ? Op::copy : Op::get;
+    op.list.kind = dst->kind;
     op.list.peer = src->owner;
     op.list.local_device = t.dst;
     op.list.remote_device = t.src;

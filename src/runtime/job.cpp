@@ -118,14 +118,14 @@ asio::awaitable<ExecutionReport> JobState::copy_units(
       for (std::size_t b = 0; b < u->buffers.size(); ++b) {
         const BufferKey& key = u->buffers[b].key;
         table.bind({k, key.device, key.buffer, key.slot},
-                   {reinterpret_cast<std::uint64_t>(u->memory[b].data()), u->memory[b].size(), 0});
+                   {reinterpret_cast<std::uint64_t>(u->memory[b].data()), u->memory[b].size(), 0, u->memory[b].kind()});
       }
   }
   for (const UnitPtr& u : targets)
     for (std::size_t b = 0; b < u->buffers.size(); ++b) {
       const BufferKey& key = u->buffers[b].key;
       table.bind({kTargetSide, key.device, key.buffer, key.slot},
-                 {reinterpret_cast<std::uint64_t>(u->memory[b].data()), u->memory[b].size(), 0});
+                 {reinterpret_cast<std::uint64_t>(u->memory[b].data()), u->memory[b].size(), 0, u->memory[b].kind()});
     }
   const ReshardPlan plan = plan_reshard(from, collection(to, targets), {options.links});
   ExecutorOptions eo = options.executor;

@@ -50,7 +50,7 @@ PeerInfo Participant::publish() {
     info.regions.push_back({d, regs_.back().remote_key});
   }
   for (const auto& [key, b] : store_.table().all())
-    if (key.side != kTargetSide) info.buffers.push_back({key.side, key.device, key.buffer, key.slot, b.address, b.bytes});
+    if (key.side != kTargetSide) info.buffers.push_back({key.side, key.device, key.buffer, key.slot, b.address, b.bytes, b.kind});
   return info;
 }
 
@@ -61,7 +61,7 @@ void Participant::connect(const std::vector<PeerInfo>& peers) {
     for (const auto& reg : w.regions)
       if (Status st = ucx_.add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
     for (const auto& b : w.buffers) {
-      store_.table().bind({b.side, b.device, b.buffer, b.slot}, {b.address, b.bytes, w.rank});
+      store_.table().bind({b.side, b.device, b.buffer, b.slot}, {b.address, b.bytes, w.rank, b.kind});
       if (const std::byte* at = ucx_.mapped(w.rank, b.device, b.address)) mapped_sources_.push_back({at, b.bytes});
     }
   }

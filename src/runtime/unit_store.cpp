@@ -169,7 +169,7 @@ void UnitStore::allocate_and_fill(unsigned threads) {
           b.bytes(), std::string(b.key.side == kTargetSide ? "target " : "source ") +
                          buffer_name(*plan_.target().model, b.key.buffer, b.packing) + "@" +
                          std::string(to_string(b.key.slot))));
-      table_.bind(b.key, {reinterpret_cast<std::uint64_t>(memory_.back().data()), b.bytes(), self_});
+      table_.bind(b.key, {reinterpret_cast<std::uint64_t>(memory_.back().data()), b.bytes(), self_, devices_.at(b.key.device)->kind()});
     }
   for (const auto& [t, s] : alias) table_.bind(t, *table_.find(s));
 

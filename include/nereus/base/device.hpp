@@ -35,10 +35,11 @@ class DeviceBuffer {
 
   /// Memory no device owns (a framework's own tensor): used like an allocation, never
   /// freed here; its owner keeps it alive while the buffer exists.
-  static DeviceBuffer borrow(std::byte* data, std::size_t size) {
+  static DeviceBuffer borrow(std::byte* data, std::size_t size, MemoryKind kind = MemoryKind::host) {
     DeviceBuffer b;
     b.data_ = data;
     b.size_ = size;
+    b.borrowed_kind_ = kind;
     return b;
   }
 
@@ -47,12 +48,15 @@ class DeviceBuffer {
   bool empty() const { return data_ == nullptr; }
   /// Whether the memory is borrowed (no device arena holds it).
   bool borrowed() const { return owner_ == nullptr && data_ != nullptr; }
+  /// The memory it lives in: its device's, or what the lender said.
+  MemoryKind kind() const;
 
  private:
   friend class Device;
   Device* owner_ = nullptr;
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+  MemoryKind borrowed_kind_ = MemoryKind::host;
 };
 
 /// A point in a queue's work (a CUDA event): ready once everything enqueued before it ran.

@@ -28,6 +28,7 @@ struct BoundBuffer {
   std::uint64_t address = 0;  ///< a local pointer, or the owning peer's virtual address
   std::uint64_t bytes = 0;
   PeerId owner = 0;
+  MemoryKind kind = MemoryKind::host;  ///< the memory it lives in: the executor moves it only with a transport that can
 };
 
 /// Buffers bound for one transition.

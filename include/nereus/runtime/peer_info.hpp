@@ -27,6 +27,7 @@ struct PeerInfo {
     TensorId buffer;
     Slot slot;
     std::uint64_t address, bytes;
+    MemoryKind kind = MemoryKind::host;  ///< the memory it lives in (what can move it)
   };
   std::vector<Buffer> buffers;
 };
