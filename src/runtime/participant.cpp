@@ -1,6 +1,7 @@
 #include "nereus/runtime/participant.hpp"
 
 #include <sys/mman.h>
+#include <cstdio>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,7 +32,7 @@ Participant::Participant(asio::io_context& io, const ReshardSpec& c, const Prepa
       self_(self),
       owner_(std::move(owner)),
       ucx_(io, ucx_options(c)),
-      store_(p.plan, mine_, c.capacity.empty() ? 0 : parse_capacity(c.capacity), self, &ucx_),
+      store_(p.plan, mine_, c.capacity.empty() ? 0 : parse_capacity(c.capacity), self, c.shared_arenas ? &ucx_ : nullptr),
       local_({c.copy_threads, 1 << 20}),
       scope_(io.get_executor()) {}
 

@@ -113,7 +113,7 @@ struct UcxTransport::Impl {
         unsigned n = 0;
         const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
         while (ucp_worker_progress(worker) != 0)
-          if (++n % 16 == 0 && std::chrono::steady_clock::now() >= until) break;
+          if (++n, std::chrono::steady_clock::now() >= until) break;
         // Nothing moved: give the core to whoever does (copy threads, peers on the
         // same host) before polling again.
         if (n == 0) sched_yield();

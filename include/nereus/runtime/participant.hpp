@@ -35,6 +35,11 @@ struct ReshardSpec {
   /// memory transports (sysv/posix/cma lack it), so off by default on one host, where
   /// the control channel detects a dead peer.
   bool ucx_peer_errors = false;
+  /// Units in arenas UCX allocates (shared memory peers read directly: one copy per get;
+  /// docs/runtime.md). The copy then runs inside UCX progress on the event loop, and a
+  /// gigabyte's first run on a slow-faulting host holds the loop for seconds: a daemon,
+  /// whose loop also heartbeats, turns this off until that copy moves to copy threads.
+  bool shared_arenas = true;
 };
 
 /// The reshard to run, planned the same way in every process.
