@@ -82,7 +82,7 @@ TEST_CASE("frames: every message kind survives a round trip") {
   CHECK(st.members[0].clock_rtt_ns == 55'000);
   CHECK(st.members[1].clock_rtt_ns == -1);  // not measured yet
   CHECK(st.members[1].alive == false);
-  const auto& hb = std::get<Heartbeat>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[6]})).body);
+  const Heartbeat hb = std::get<Heartbeat>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[6]})).body);
   CHECK(hb.clock_ns == -5'000'000'000'123);
   CHECK(hb.offset_ns == 30'000'000'000);
   CHECK(hb.rtt_ns == 41'000);
