@@ -14,6 +14,18 @@ JOB_TO = {"actor/generate": "tp=2,pp=1,dp=2,devices=2-5", "actor/infer": "tp=1,p
           "critic/train": "tp=1,pp=2,dp=2,devices=2-5", "reference/infer": "tp=2,pp=1,dp=1,devices=4:5",
           "reward/infer": "tp=1,pp=1,dp=1,devices=1"}
 
+# Plans that keep every model-stage's replicas on two nodes or more, so the job survives
+# losing node 1 or node 2 at any moment: from JOB_SPREAD, through the graph to
+# JOB_SPREAD_TO, or after it.
+JOB_SPREAD = {"actor/generate": "tp=2,pp=1,dp=2,devices=0-1:4-5", "actor/infer": "tp=1,pp=1,dp=2,devices=0:4",
+              "actor/train": "tp=1,pp=1,dp=2,devices=1:5", "critic/infer": "tp=1,pp=1,dp=2,devices=2:4",
+              "critic/train": "tp=1,pp=1,dp=2,devices=3:5", "reference/infer": "tp=1,pp=1,dp=2,devices=2:5",
+              "reward/infer": "tp=1,pp=1,dp=2,devices=3:4"}
+JOB_SPREAD_TO = {"actor/generate": "tp=2,pp=1,dp=2,devices=0-1:2-3", "actor/infer": "tp=1,pp=1,dp=2,devices=1:3",
+                 "actor/train": "tp=1,pp=1,dp=2,devices=0:4", "critic/infer": "tp=1,pp=1,dp=2,devices=1:5",
+                 "critic/train": "tp=1,pp=1,dp=2,devices=2:4", "reference/infer": "tp=1,pp=1,dp=2,devices=0:3",
+                 "reward/infer": "tp=1,pp=1,dp=2,devices=1:2"}
+
 
 def token_file(work, name, secret):
     """A secret in a mode-600 file under `work`."""

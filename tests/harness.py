@@ -1,6 +1,8 @@
 """Counting checks for the Python test scripts: check() records, finish() prints the
-closing 'N passed, N failed' line and exits non-zero on any failure."""
+closing 'N passed, N failed' line and exits non-zero on any failure. NEREUS_CHECKS_VERBOSE=1
+prints every passing check too (their texts carry the measured figures)."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,6 +17,8 @@ def check(cond, what):
     global _passed
     if cond:
         _passed += 1
+        if os.environ.get("NEREUS_CHECKS_VERBOSE"):
+            print("ok:", what, file=sys.stderr)
     else:
         _failures.append(what)
         print("FAIL:", what, file=sys.stderr)

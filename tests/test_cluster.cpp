@@ -93,8 +93,8 @@ TEST_CASE("frames: the job messages survive a round trip") {
   const PeerInfo::Buffer buf{3, 5, 17, Slot::exp_avg, 0x7f0000001000, 4096};
   const UnitDesc unit{9, "actor/train", "tp=2,pp=1,dp=1,devices=4,5"};
   const std::vector<Body> bodies = {
-      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2},
-      JobOpen{"{}", 2, -1, 1, Bytes(128, 7)},
+      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2, -1, false, 4, 0.5, "load"},
+      JobOpen{"{}", 2, -1, 1, Bytes(128, 7), "250ms"},
       UnitAlloc{unit, true},
       UnitAllocated{9, {buf, buf}},
       UnitBuild{12, {SourceUnit{unit, 1, {buf}}}},
@@ -109,6 +109,9 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(r.job == "{\"algorithm\": \"ppo\"}");
   CHECK(r.response_len_after == 8192);
   CHECK(r.kill_node == 2);
+  CHECK(r.steps == 4);
+  CHECK(r.step_seconds == 0.5);
+  CHECK(r.inject_at == "load");
   const auto u = std::get<UnitBuild>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[4]})).body);
   CHECK(u.target == 12);
   REQUIRE(u.sources.size() == 1);
@@ -122,7 +125,8 @@ TEST_CASE("frames: the job messages survive a round trip") {
   const auto o = std::get<JobOpen>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[1]})).body);
   CHECK(o.nccl_id == Bytes(128, 7));
   CHECK(o.freeze_node == 1);
-  const Body long_id = JobOpen{"{}", 2, -1, -1, Bytes(129, 1)};
+  CHECK(o.inject_at == "250ms");
+  const Body long_id = JobOpen{"{}", 2, -1, -1, Bytes(129, 1), ""};
   CHECK(has(error_of([&] { decode_frame(encode_frame({kProtocolVersion, 1, 0, long_id})); }), "NCCL unique id of 129 bytes"));
 }
 

@@ -116,10 +116,11 @@ try:
         phases = {e["name"]: (e["ts"], e["ts"] + e["dur"]) for e in xs if e["pid"] == 1 and e["tid"] == 1}
         check(set(phases) >= {"connect", "load", "transition", "verify"}, f"the coordinator's phases ({sorted(phases)})")
         graph = [e for e in xs if e["pid"] == 1 and "graph_node" in e.get("args", {})]
-        check(len(graph) == rep["transition"]["builds"] + rep["transition"]["destroys"],
+        transition = rep["steps"][0]["transition"]
+        check(len(graph) == transition["builds"] + transition["destroys"],
               f"one event per graph node ({len(graph)})")
         moved = [e for e in xs if e["pid"] >= 10]
-        check(sum(e["args"]["bytes"] for e in moved) == rep["transition"]["copied_bytes"],
+        check(sum(e["args"]["bytes"] for e in moved) == transition["copied_bytes"],
               "every byte the transition copied in one node's transfer event")
         lo, hi = phases.get("transition", (0, 0))
         outside = [e for e in moved if e["ts"] < lo - 5000 or e["ts"] + e["dur"] > hi + 5000]

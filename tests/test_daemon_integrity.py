@@ -195,10 +195,11 @@ try:
                        capture_output=True, text=True, timeout=300)
     rep = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
     check(job_proxy.applied == [("down", 4, "flip")], f"the proxy altered node 2's first answer in the graph ({job_proxy.applied})")
-    why = rep.get("failure", {}).get("why", {}).get("2", "")
-    check(rep.get("failure", {}).get("lost_nodes") == [2] and "integrity check" in why,
-          f"the job loses node 2 and says why ({rep.get('failure')}, {why[:300]})")
-    check(r.returncode == 0 and rep.get("verified") is True and "recovery" in rep,
+    failure = (rep.get("failures") or [{}])[0]
+    why = failure.get("why", {}).get("2", "")
+    check(failure.get("lost_nodes") == [2] and "integrity check" in why,
+          f"the job loses node 2 and says why ({failure}, {why[:300]})")
+    check(r.returncode == 0 and rep.get("verified") is True and "decision" in failure,
           f"the job recovers from the intact units and every unit verifies ({r.stderr.strip()[-300:]})")
     check(all(p.poll() is None for p in procs), "every daemon still runs")
 finally:

@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import check, finish  # noqa: E402
 from shards import check_dump  # noqa: E402
-from daemon_harness import JOB_FROM, JOB_TO, token_file as make_token  # noqa: E402
+from daemon_harness import JOB_FROM, JOB_SPREAD, JOB_TO, token_file as make_token  # noqa: E402
 
 BIN = sys.argv[1]
 NEREUSD = os.path.join(BIN, "nereusd")
@@ -90,6 +90,16 @@ def cluster_job(coord, *args, token=TOKEN, timeout=300):
                        capture_output=True, text=True, timeout=timeout)
     out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
     return r.returncode, out, r.stderr
+
+
+def step1(report):
+    """A job report's first step."""
+    return (report.get("steps") or [{}])[0]
+
+
+def failure1(report):
+    """A job report's first failure (with its recovery)."""
+    return (report.get("failures") or [{}])[0]
 
 
 def devices_of(plan):
@@ -288,7 +298,9 @@ try:
     victim.kill()
     j = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=10)
     lost_after = time.time() - t0
-    check(j is not None and lost_after <= 3, f"SIGKILLed node 2 lost after {lost_after:.2f} s (target <= 3 s)")
+    # Bounds far above the measured figures (docs/cluster.md), so a loaded CI machine cannot
+    # make them fail; benches/soak.sh measures detection.
+    check(j is not None and lost_after <= 10, f"SIGKILLed node 2 lost after {lost_after:.2f} s (bound 10 s)")
     check(j is not None and member(j, 1).get("alive") and member(j, 0).get("alive"), "the other nodes stay alive")
     nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:256MiB", name="node2b")
     j = wait_status(addr, lambda j: member(j, 2).get("alive") and member(j, 2).get("joins") == 2)
@@ -299,7 +311,7 @@ try:
     t0 = time.time()
     j = wait_status(addr, lambda j: not member(j, 1).get("alive", True), timeout=10)
     silent_after = time.time() - t0
-    check(j is not None and silent_after <= 3, f"a frozen node 1 lost by silence after {silent_after:.2f} s")
+    check(j is not None and silent_after <= 10, f"a frozen node 1 lost by silence after {silent_after:.2f} s (--dead-after-ms 1500, bound 10 s)")
     nodes[1].p.send_signal(signal.SIGCONT)
     j = wait_status(addr, lambda j: member(j, 1).get("alive"), timeout=10)
     check(j is not None and member(j, 1).get("joins", 0) >= 2, "the thawed node 1 notices and rejoins")
@@ -310,7 +322,7 @@ try:
                        "--repeat", "50", "--inject-kill-node", "2")
     check(rc == 1 and "node 2 lost" in j.get("error", ""), f"a daemon killed mid-transition is named ({j.get('error')})")
     check(j.get("verified_sources") is True and j.get("surviving_workers") == 2, "the surviving nodes' sources verify")
-    check(0 < j.get("failure_detected_seconds", -1) < 3, f"detected within 3 s of the run ({j.get('failure_detected_seconds')})")
+    check(0 < j.get("failure_detected_seconds", -1) < 10, f"detected within 10 s of the run ({j.get('failure_detected_seconds')} s)")
     j = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=10)
     check(j is not None, "the killed node is lost")
     nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:256MiB", name="node2c")
@@ -325,13 +337,13 @@ try:
     with_nccl = "libnccl" in subprocess.run(["ldd", NEREUSD], capture_output=True, text=True).stdout
     check(j.get("nccl_unique_id_bytes") == (128 if with_nccl else 0),
           f"the nodes get an NCCL unique id when NCCL is built ({j.get('nccl_unique_id_bytes')} bytes, NCCL {with_nccl})")
-    check(rc == 0 and j.get("verified") is True and "decision" in j and j.get("plan"),
-          f"cluster job: the controller's plan loads, it decides ({j.get('decision', {}).get('why')}), every unit verifies ({err.strip()[-300:]})")
+    check(rc == 0 and j.get("verified") is True and "decision" in step1(j) and j.get("plan"),
+          f"cluster job: the controller's plan loads, it decides ({step1(j).get('decision', {}).get('why')}), every unit verifies ({err.strip()[-300:]})")
     # From a plan on two GPUs, responses 32x longer: the controller admits a better plan.
     cramped = {k: "tp=1,pp=1,dp=1,devices=" + ("0" if k.startswith("actor") else "1") for k in JOB_FROM}
     rc, j, err = cluster_job(addr, "--plan", json.dumps(cramped), "--response-len", "128", "--response-len-after", "4096")
-    d = j.get("decision", {})
-    check(rc == 0 and d.get("admitted") is True and j.get("transition", {}).get("completed") is True and j.get("verified") is True
+    d = step1(j).get("decision", {})
+    check(rc == 0 and d.get("admitted") is True and step1(j).get("transition", {}).get("completed") is True and j.get("verified") is True
           and len(devices_of(j.get("plan") or {"x": "devices=0"})) > 2,
           f"the coordinator's controller admits a plan change and runs it ({d.get('why')} {err.strip()[-300:]})")
     text = http_get(metrics, "/metrics")
@@ -339,7 +351,7 @@ try:
     check(mm is not None and int(mm.group(1)) >= 1, "metrics: the controller's decisions, by outcome")
     check(re.search(r'nereus_job_units\{model_stage="actor/train"\} [1-9]', text) is not None, "metrics: units per model-stage")
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
-    t = j.get("transition", {})
+    t = step1(j).get("transition", {})
     check(rc == 0 and t.get("completed") is True and j.get("plan") == JOB_TO and j.get("verified") is True,
           f"cluster job --to: the graph ran across the daemons, the new plan verifies ({t.get('error')} {err.strip()[-300:]})")
     kinds = {n["kind"] for n in t.get("graph_nodes", [])}
@@ -348,13 +360,13 @@ try:
     check(sum(l["bytes"] for l in t.get("links", [])) > 0 and t.get("copied_bytes", 0) >= t.get("moved_bytes", 1),
           f"per-link bytes from the nodes' timings ({t.get('copied_bytes')} copied, {t.get('moved_bytes')} planned over links)")
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--inject-kill-node", "2")
-    f = j.get("failure", {})
-    check(f.get("lost_nodes") == [2] and "node 2" in j.get("transition", {}).get("error", ""),
-          f"a daemon killed mid-graph stops the transition ({j.get('transition', {}).get('error')})")
-    check(0 < f.get("detected_seconds", -1) < 3, f"detected within 3 s ({f.get('detected_seconds')})")
+    f = failure1(j)
+    check(f.get("lost_nodes") == [2] and f.get("phase") == "transition" and "node 2" in step1(j).get("transition", {}).get("error", ""),
+          f"a daemon killed mid-graph stops the transition ({step1(j).get('transition', {}).get('error')})")
+    check(0 < f.get("detected_seconds", -1) < 10, f"detected within 10 s ({f.get('detected_seconds')} s)")
     check(f.get("intact_plan") and not devices_of(f["intact_plan"]) & {4, 5},
           f"every model-stage keeps intact units on the survivors ({f.get('intact_plan')})")
-    rec = (j.get("recovery") or [{}])[0]
+    rec = f
     check("decision" in rec and (not rec.get("transition") or rec["transition"].get("completed") is True),
           f"the controller replans from them ({rec.get('decision', {}).get('why')})")
     check(rc == 0 and j.get("verified") is True and j.get("plan") and not devices_of(j["plan"]) & {4, 5},
@@ -367,14 +379,47 @@ try:
     check(rc == 0 and j.get("verified") is True and j.get("plan") == JOB_TO, f"after a rejoin the job runs over node 2 again ({err.strip()[-300:]})")
     # A daemon frozen mid-graph (SIGSTOP): the heartbeats lose it, the job treats it as lost.
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--inject-freeze-node", "2")
-    f = j.get("failure", {})
-    check(rc == 0 and f.get("lost_nodes") == [2] and 0 < f.get("detected_seconds", -1) < 3 and j.get("verified") is True
+    f = failure1(j)
+    check(rc == 0 and f.get("lost_nodes") == [2] and 0 < f.get("detected_seconds", -1) < 10 and j.get("verified") is True
           and not devices_of(j.get("plan") or {"x": "devices=4"}) & {4, 5},
           f"a daemon frozen mid-graph is lost by silence ({f.get('detected_seconds')} s), the job recovers and verifies ({err.strip()[-300:]})")
     joins = member(status(addr)[1], 2).get("joins", 0)
     nodes[2].p.send_signal(signal.SIGCONT)
     j = wait_status(addr, lambda j: member(j, 2).get("alive") and member(j, 2).get("joins", 0) > joins, timeout=10)
     check(j is not None, "the thawed node 2 rejoins")
+
+    # Nodes lost while no graph runs: a recovery too, not a failed request.
+    spread = JOB_SPREAD  # every model-stage has a replica off node 2
+    def restart(rank, name):
+        j = wait_status(addr, lambda j: not member(j, rank).get("alive", True), timeout=10)
+        nodes[rank] = Daemon("--coordinator", addr, "--node-rank", str(rank), "--nodes", "3", "--devices", "host:2:256MiB", name=name)
+        return wait_status(addr, lambda j: j.get("alive") == 3) is not None
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(spread), "--inject-kill-node", "2", "--inject-at", "load")
+    f = failure1(j)
+    check(rc == 0 and f.get("phase") == "load" and f.get("lost_nodes") == [2] and j.get("verified") is True
+          and not devices_of(j.get("plan") or {"x": "devices=4"}) & {4, 5},
+          f"a daemon killed while the job loads: the job goes on from the units loaded on the survivors, verified "
+          f"({f.get('phase')}, {f.get('intact_plan')}, {j.get('error')} {err.strip()[-300:]})")
+    check(restart(2, "node2e"), "node 2 restarted")
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--inject-kill-node", "1", "--inject-at", "load")
+    check(rc == 1 and failure1(j).get("phase") == "load" and "critic/train" in j.get("error", "")
+          and "cannot be recovered" in j.get("error", ""),
+          f"a daemon killed while loading the only units of a model-stage: the error names the state ({j.get('error')})")
+    check(restart(1, "node1b"), "node 1 restarted")
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(spread), "--steps", "2", "--step-seconds", "4",
+                             "--inject-kill-node", "2", "--inject-at", "1500ms", "--perfetto", os.path.join(work, "idle.json"))
+    f = failure1(j)
+    check(rc == 0 and f.get("phase") == "idle" and f.get("step") == 1 and j.get("verified") is True and len(j.get("steps", [])) == 2
+          and not devices_of(j.get("plan") or {"x": "devices=4"}) & {4, 5},
+          f"a daemon killed between graphs (the stages' work): a recovery, then the next step, verified "
+          f"({f.get('phase')} step {f.get('step')}, {j.get('error')} {err.strip()[-300:]})")
+    check(restart(2, "node2f"), "node 2 restarted")
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(cramped), "--steps", "3", "--response-len", "128",
+                             "--response-len-after", "4096")
+    lens = [s.get("response_len", 0) for s in j.get("steps", [])]
+    check(rc == 0 and len(lens) == 3 and lens == sorted(lens) and abs(lens[-1] - 4096) < 1 and j.get("verified") is True
+          and all("decision" in s for s in j["steps"]),
+          f"a job of 3 steps: the controller decides at each, responses growing, verified ({lens} {err.strip()[-300:]})")
     bad = dict(JOB_TO, **{"reward/infer": "tp=1,pp=1,dp=1,devices=9"})
     rc, j, err = cluster_job(addr, "--to", json.dumps(bad))
     check(rc == 1 and "device 9" in err, f"a plan beyond the alive devices: one clear error ({err.strip()[-200:]})")
@@ -395,7 +440,7 @@ try:
     r = subprocess.run([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", moe_job, "--json",
                         "--plan", json.dumps(moe_from), "--to", json.dumps(moe_to)], capture_output=True, text=True, timeout=300)
     jm = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
-    check(r.returncode == 0 and jm.get("transition", {}).get("completed") is True and jm.get("plan") == moe_to
+    check(r.returncode == 0 and step1(jm).get("transition", {}).get("completed") is True and jm.get("plan") == moe_to
           and jm.get("verified") is True,
           f"cluster job, MoE: EP units to TP-split experts across the daemons, verified ({jm.get('plan')} {r.stderr.strip()[-300:]})")
 

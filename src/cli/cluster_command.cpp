@@ -13,6 +13,7 @@
 #ifdef NEREUS_HAVE_CLUSTER
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/client.hpp"
+#include "nereus/cluster/job_service.hpp"
 #include "nereus/core/bytes.hpp"
 #include "nereus/core/cluster.hpp"
 #include "nereus/core/global_plan.hpp"
@@ -31,9 +32,11 @@ struct ClusterArgs {
 
 struct JobArgs {
   std::string coordinator, token_file, job, cluster = "h200-node", plan, to, perfetto;
-  double response_len = 0, response_len_after = 0, timeout = 300;
+  double response_len = 0, response_len_after = 0, timeout = 300, step_seconds = 0;
   bool no_verify = false, json = false;
   int kill_node = -1, freeze_node = -1;
+  unsigned steps = 1;
+  std::string inject_at;
 };
 
 #ifdef NEREUS_HAVE_CLUSTER
@@ -111,10 +114,14 @@ int run_job(const JobArgs& a) {
   r.timeout_seconds = a.timeout;
   r.kill_node = a.kill_node;
   r.freeze_node = a.freeze_node;
+  parse_fault_moment(r.inject_at = a.inject_at);
+  r.steps = a.steps;
+  r.step_seconds = a.step_seconds;
   r.perfetto = !a.perfetto.empty();
   const Body ask = r;
-  // Loading, the transition, a recovery and the check: each phase may take up to the timeout.
-  const std::string text = ask_daemon<TransitionResult>(at, load_token(a.token_file), ask, Millis(static_cast<long>(a.timeout * 1000 * 8))).json;
+  // Loading, each step's transition, a recovery and the check: each may take up to the timeout.
+  const double limit = a.timeout * (8 + 2.0 * a.steps) + a.steps * a.step_seconds;
+  const std::string text = ask_daemon<TransitionResult>(at, load_token(a.token_file), ask, Millis(static_cast<long>(limit * 1000))).json;
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -133,23 +140,28 @@ int run_job(const JobArgs& a) {
   } else {
     std::cout << fmt::format("job over nodes {}, {} devices each\n  first plan:\n{}", j["nodes"].dump(), j.value("devices_per_node", 0),
                              plan_line(j["initial_plan"]));
-    if (j.contains("decision"))
-      std::cout << fmt::format("  controller: {} ({})\n", j["decision"].value("admitted", false) ? "admitted" : "kept the plan",
-                               j["decision"].value("why", "").empty() ? "no signal drifted" : j["decision"].value("why", ""));
-    if (j.contains("transition")) std::cout << transition_lines(j["transition"]);
-    if (j.contains("failure")) {
-      const auto& f = j["failure"];
-      std::cout << fmt::format("  lost nodes {} (noticed after {:.3f} s); intact units:\n{}", f["lost_nodes"].dump(),
-                               f.value("detected_seconds", 0.0), plan_line(f["intact_plan"]));
+    for (const auto& step : j.value("steps", nlohmann::json::array())) {
+      std::cout << fmt::format("  step {} (responses {:.0f} tokens): ", step.value("step", 0), step.value("response_len", 0.0));
+      if (step.contains("decision")) {
+        const auto& d = step["decision"];
+        std::cout << fmt::format("controller {} ({})\n", d.value("admitted", false) ? "admitted" : "kept the plan",
+                                 d.value("why", "").empty() ? "no signal drifted" : d.value("why", ""));
+      } else {
+        std::cout << "the plan --to names\n";
+      }
+      if (step.contains("transition")) std::cout << transition_lines(step["transition"]);
+    }
+    for (const auto& f : j.value("failures", nlohmann::json::array())) {
+      std::cout << fmt::format("  lost nodes {} during {} (noticed after {:.3f} s)\n", f["lost_nodes"].dump(), f.value("phase", ""),
+                               f.value("detected_seconds", 0.0));
       if (f.contains("why"))
         for (const auto& [rank, why] : f["why"].items()) std::cout << fmt::format("    node {}: {}\n", rank, why.get<std::string>());
+      if (!f.contains("intact_plan")) continue;
+      std::cout << fmt::format("  intact units:\n{}", plan_line(f["intact_plan"]));
+      std::cout << fmt::format("  recovery: {} ({})\n", f["decision"].value("admitted", false) ? "replanned" : "kept the intact units",
+                               f["decision"].value("why", ""));
+      if (f.contains("transition")) std::cout << transition_lines(f["transition"]);
     }
-    if (j.contains("recovery"))
-      for (const auto& rec : j["recovery"]) {
-        std::cout << fmt::format("  recovery: {} ({})\n", rec["decision"].value("admitted", false) ? "replanned" : "kept the intact units",
-                                 rec["decision"].value("why", ""));
-        if (rec.contains("transition")) std::cout << transition_lines(rec["transition"]);
-      }
     if (j.contains("plan")) std::cout << fmt::format("  plan now:\n{}", plan_line(j["plan"]));
     if (j.contains("verified"))
       std::cout << fmt::format("  verified: {} ({})\n", j["verified"].get<bool>() ? "yes" : "NO", human_bytes(j.value("verified_bytes", std::uint64_t{0})));
@@ -190,6 +202,12 @@ void add_cluster_command(CLI::App& app) {
   job->add_option("--to", j->to, "target plan; default: the controller decides");
   job->add_option("--response-len", j->response_len, "mean response length of the first plan's steps (default: half the job's maximum)");
   job->add_option("--response-len-after", j->response_len_after, "mean response length when the controller decides (default: unchanged)");
+  job->add_option("--steps", j->steps, "controller steps: each decides for its response length (geometric from --response-len "
+                                       "to --response-len-after) and runs the transition it admits (default 1)")
+      ->check(CLI::Range(1u, 10000u));
+  job->add_option("--step-seconds", j->step_seconds, "wait this long before each step's decision, standing in for the stages' work "
+                                                     "(default 0)")
+      ->check(CLI::Range(0.0, 3600.0));
   job->add_flag("--no-verify", j->no_verify, "skip checking every unit's bytes against the fill at the end");
   job->add_option("--timeout", j->timeout, "give up a request to a node after this many seconds (default 300)")->check(CLI::PositiveNumber);
   job->add_flag("--json", j->json, "print the report as one JSON object");
@@ -197,6 +215,7 @@ void add_cluster_command(CLI::App& app) {
                   "write the job's timeline to FILE (Perfetto): the coordinator's phases and graph nodes, every node's transfers moved onto the coordinator's clock");
   job->add_option("--inject-kill-node", j->kill_node)->group("");  // fault injection for tests
   job->add_option("--inject-freeze-node", j->freeze_node)->group("");
+  job->add_option("--inject-at", j->inject_at)->group("");  // build (default), load, or MSms after the job opens
   job->callback([j] {
     if (const int rc = run_job(*j); rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -74,6 +74,9 @@ struct JobRequest {
   killNode @8 :Int32;         # fault injection: this node dies 3 ms into its first build; -1: none
   freezeNode @9 :Int32;       # fault injection: this node stops (SIGSTOP) 3 ms into its first build; -1: none
   perfetto @10 :Bool;         # the report carries the job's timeline, every node's on the coordinator's clock
+  steps @11 :UInt32;          # controller steps (decide, maybe transition); 0 is read as 1
+  stepSeconds @12 :Float64;   # the wait between steps, standing in for the stages' work
+  injectAt @13 :Text;         # when the injected fault strikes: "build" (or empty), "load", "MSms" after the job opens
 }
 
 struct JobOpen {
@@ -82,6 +85,7 @@ struct JobOpen {
   killNode @2 :Int32;
   freezeNode @3 :Int32;
   ncclId @4 :Data;            # an NCCL unique id for the job's nodes (128 bytes); empty: not built with NCCL
+  injectAt @5 :Text;          # as JobRequest.injectAt
 }
 
 # One unit (EMU) of the job: `spec` is its layout and GPU list, "tp=2,pp=1,dp=1,devices=4,5".

@@ -1,8 +1,8 @@
-// A job's units across daemons: the coordinator's driver (job_service.hpp). The
-// controller and the transition graph number GPUs 0..n−1 over the alive nodes' devices
-// (the pool); messages to the nodes carry global device ids.
+// A job's units across daemons: the coordinator's driver (job_graph_run.hpp), its
+// sessions to the nodes and the units they hold. The controller and the transition graph
+// number GPUs 0..n−1 over the alive nodes' devices (the pool); messages to the nodes carry
+// global device ids. What the job does when is job_steps.cpp.
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -11,14 +11,10 @@
 #include "job_graph_run.hpp"
 #include "nccl_bootstrap.hpp"
 #include "nereus/cluster/auth.hpp"
-#include "nereus/cluster/job_service.hpp"
-#include "nereus/core/bytes.hpp"
 #include "nereus/base/error.hpp"
-#include "nereus/control/controller.hpp"
+#include "nereus/core/stage_state.hpp"
 
-namespace nereus::cluster {
-
-namespace detail {
+namespace nereus::cluster::detail {
 
 DeviceId Pool::index(DeviceId device) const {
   auto it = std::find(devices.begin(), devices.end(), device);
@@ -49,22 +45,35 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
   for (const NodeAddress& n : nodes) {
     auto s = std::make_unique<Session>();
     s->rank = n.rank;
-    s->ch = std::make_unique<Channel>(co_await connect_to(n.listen.host, n.listen.port, Millis(5000)));
-    s->ch->set_peer("node " + std::to_string(n.rank) + " (" + n.listen.str() + ")");
-    const Hello hello{Role::client, -1, 0, {}};
-    co_await authenticate_as_client(*s->ch, token_, hello, Millis(5000));
+    try {
+      auto ch = std::make_unique<Channel>(co_await connect_to(n.listen.host, n.listen.port, Millis(5000)));
+      ch->set_peer("node " + std::to_string(n.rank) + " (" + n.listen.str() + ")");
+      const Hello hello{Role::client, -1, 0, {}};
+      co_await authenticate_as_client(*ch, token_, hello, Millis(5000));
+      s->ch = std::move(ch);
+    } catch (const std::exception& e) {  // died since the membership last saw it: lost before the job began
+      lose(*s, e.what());
+    }
     sessions_.push_back(std::move(s));
   }
-  for (auto& s : sessions_) pumps_.spawn(pump(*s));
+  for (auto& s : sessions_)
+    if (s->ch) pumps_.spawn(pump(*s));
   if (membership_) pumps_.spawn(watch_membership());
+  if (alive().empty()) throw Error("no node of the job could be reached (node " + std::to_string(nodes.at(0).rank) + ": " + sessions_.at(0)->lost + ")");
   nccl_id_ = nccl_unique_id();  // one per job; empty without NCCL
-  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, nccl_id_};
-  const std::vector<int> all = alive();
-  const std::vector<Envelope> ready = co_await each(all, open, "job-open");
+  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, nccl_id_, request_.inject_at};
   Peers peers;
-  for (const Envelope& e : ready) peers.all.push_back(std::get<Ready>(e.body).info);
+  for (const auto& [rank, e] : co_await each_surviving(alive(), open, "job-open")) peers.all.push_back(std::get<Ready>(e.body).info);
   const Body b = peers;
-  co_await each(all, b, "peers");
+  co_await each_surviving(alive(), b, "peers");
+}
+
+void JobDriver::lose(Session& s, const std::string& why) {
+  s.alive = false;
+  s.lost = why;
+  s.lost_at = clock::now();
+  for (auto& [id, p] : s.pending) p->timer.cancel();
+  changed_.notify();
 }
 
 asio::awaitable<void> JobDriver::watch_membership() {
@@ -95,11 +104,7 @@ asio::awaitable<void> JobDriver::pump(Session& s) {
     }
     break;
   }
-  s.alive = false;
-  s.lost = s.silent ? "no heartbeat from it (the membership lost it)" : lost;
-  if (lost_at_ == clock::time_point{}) lost_at_ = clock::now();
-  for (auto& [id, p] : s.pending) p->timer.cancel();
-  changed_.notify();
+  lose(s, s.silent ? "no heartbeat from it (the membership lost it)" : lost);
 }
 
 std::vector<int> JobDriver::alive() const {
@@ -119,6 +124,12 @@ std::vector<int> JobDriver::lost() const {
 std::string JobDriver::lost_why(int rank) const {
   for (const auto& s : sessions_)
     if (s->rank == rank) return s->lost;
+  return {};
+}
+
+clock::time_point JobDriver::lost_at(int rank) const {
+  for (const auto& s : sessions_)
+    if (s->rank == rank) return s->lost_at;
   return {};
 }
 
@@ -183,6 +194,26 @@ asio::awaitable<std::vector<Envelope>> JobDriver::each(const std::vector<int>& r
   }
   for (const std::string& e : errors)
     if (!e.empty()) throw Error(e);
+  co_return out;
+}
+
+asio::awaitable<std::vector<std::pair<int, Envelope>>> JobDriver::each_surviving(const std::vector<int>& ranks, const Body& body,
+                                                                                   const char* what) {
+  std::vector<Envelope> got(ranks.size());
+  std::vector<std::string> errors(ranks.size());
+  {
+    AsyncScope scope(ex_);
+    for (std::size_t i = 0; i < ranks.size(); ++i) scope.spawn(call_into(ranks[i], body, what, &got[i], &errors[i]));
+    co_await scope.join();
+  }
+  std::vector<std::pair<int, Envelope>> out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (errors[i].empty()) {
+      out.emplace_back(ranks[i], std::move(got[i]));
+    } else if (session(ranks[i]).alive) {
+      throw Error(errors[i]);
+    }
+  }
   co_return out;
 }
 
@@ -252,9 +283,14 @@ asio::awaitable<void> JobDriver::release(std::uint32_t id) {
 }
 
 void JobDriver::check_recoverable() const {
+  std::vector<std::string> gone;
   for (std::size_t i = 0; i < stages_.size(); ++i)
-    if (current_[i].empty())
-      throw Error("every unit of " + stages_[i].name() + " had a GPU on a lost node: its state cannot be recovered from the survivors");
+    if (current_[i].empty()) gone.push_back(stages_[i].name());
+  if (gone.empty()) return;
+  std::string names;
+  for (const std::string& n : gone) names += (names.empty() ? "" : ", ") + n;
+  throw Error("every unit of " + names + " had a GPU on a lost node: " + (gone.size() > 1 ? "their" : "its") +
+              " state cannot be recovered from the survivors");
 }
 
 bool JobDriver::intact(std::uint32_t id) const {
@@ -271,8 +307,32 @@ asio::awaitable<void> JobDriver::load(const GlobalPlan& plan, const Pool& pool) 
     for (const Emu& e : cs[i].units) {
       const std::uint32_t id = add_unit(i, e);
       current_[i].push_back(id);
-      co_await allocate(id, true);
+      if (!intact(id)) continue;  // a GPU on a lost node: drop_lost_units() drops it
+      try {
+        co_await allocate(id, true);
+      } catch (const std::exception&) {
+        if (intact(id)) throw;  // else one of its nodes was lost meanwhile: dropped the same way
+      }
     }
+}
+
+asio::awaitable<void> JobDriver::drop_lost_units() {
+  const std::int64_t batch = job_.prompts_per_step * job_.samples_per_prompt;
+  for (std::vector<std::uint32_t>& ids : current_) {
+    std::vector<std::uint32_t> keep, drop;
+    for (std::uint32_t id : ids) (intact(id) ? keep : drop).push_back(id);
+    while (keep.size() > 1 && !dp_allowed(batch, static_cast<int>(keep.size()))) {
+      drop.push_back(keep.back());
+      keep.pop_back();
+    }
+    ids = keep;
+    for (std::uint32_t id : drop) {
+      try {
+        co_await release(id);
+      } catch (const std::exception&) {  // a node that never allocated it, or is lost meanwhile
+      }
+    }
+  }
 }
 
 GlobalPlan JobDriver::plan_of(const Pool& pool) const {
@@ -315,149 +375,9 @@ asio::awaitable<void> JobDriver::close() {
     co_await call_into(r, finish, "finish", &e, &error);
   }
   closing_ = true;
-  for (auto& s : sessions_) s->ch->close();
+  for (auto& s : sessions_)
+    if (s->ch) s->ch->close();
   co_await pumps_.join();
 }
 
-}  // namespace detail
-
-namespace {
-
-using json = nlohmann::json;
-using detail::Pool;
-
-json plan_json(const GlobalPlan& p) {
-  json out = json::object();
-  for (const auto& [name, spec] : p.stages) out[name] = to_string(spec);
-  return out;
-}
-
-json decision_json(const Decision& d) {
-  auto finite = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
-  return {{"trigger", d.trigger},  {"urgent", d.urgent}, {"admitted", d.admitted}, {"why", d.why},
-          {"current_seconds", finite(d.current_seconds)}, {"target_seconds", finite(d.target_seconds)},
-          {"transition_seconds", d.transition_seconds}, {"moved_bytes", d.moved_bytes}, {"decision_ms", d.decision_ms}};
-}
-
-Pool pool_of(const std::vector<int>& ranks, int per) {
-  Pool p;
-  for (int r : ranks)
-    for (int i = 0; i < per; ++i) p.devices.push_back(static_cast<DeviceId>(r * per + i));
-  return p;
-}
-
-}  // namespace
-
-asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vector<NodeAddress>& nodes, int per,
-                                            std::uint64_t capacity, const std::string& token,
-                                            std::function<bool(int)> membership) {
-  detail::JobDriver d(co_await asio::this_coro::executor, r, per, token, std::move(membership));
-  const JobSpec& job = d.job();
-  ClusterSpec hw = parse_cluster(r.cluster, "the cluster");
-  hw.nodes = static_cast<int>(nodes.size());
-  hw.gpus_per_node = per;
-  hw.gpu_memory_gib = static_cast<double>(capacity) / static_cast<double>(1ull << 30);
-  std::vector<int> ranks;
-  for (const NodeAddress& n : nodes) ranks.push_back(n.rank);
-  Pool pool = pool_of(ranks, per);
-  const double len = r.response_len > 0 ? r.response_len : static_cast<double>(job.max_response_len) / 2;
-  const double after = r.response_len_after > 0 ? r.response_len_after : len;
-  Controller ctl(job, hw);
-  const Signals first{0, static_cast<int>(pool.devices.size()), len, len, 1};
-  GlobalPlan initial;
-  try {
-    initial = ctl.initial(first);
-  } catch (const Error& e) {
-    throw Error("the daemons' " + std::to_string(pool.devices.size()) + " devices of " + human_bytes(capacity) + ": " + e.what() +
-                " (start the daemons with more --devices, or pass --plan)");
-  }
-  if (!r.plan.empty()) initial = pool.to_indices(parse_global_plan(job, r.plan, "the plan"));
-  std::optional<GlobalPlan> forced;
-  if (!r.target.empty()) forced = pool.to_indices(parse_global_plan(job, r.target, "the target plan"));
-  plan_collections(job, initial, static_cast<std::int64_t>(pool.devices.size()));  // checks, before any node is touched
-
-  json out{{"nodes", ranks}, {"devices_per_node", per}, {"initial_plan", plan_json(pool.to_devices(initial))}};
-  std::optional<detail::JobTimeline> timeline;
-  if (r.perfetto) {
-    timeline.emplace(nodes, per);
-    d.set_timeline(&*timeline);
-  }
-  // A phase of the job on the timeline: `what` runs from `start` to now.
-  const auto phase = [&](const std::string& what, double start) {
-    if (timeline) timeline->phase(what, start, timeline->now());
-  };
-  const auto at = [&] { return timeline ? timeline->now() : 0.0; };
-  std::string error;
-  try {
-    double t = at();
-    co_await d.connect(nodes);
-    phase("connect", t);
-    out["nccl_unique_id_bytes"] = d.nccl_id().size();
-    t = at();
-    co_await d.load(initial, pool);
-    phase("load", t);
-    // The controller decides the change (unless the request names the target).
-    const Signals next{1, static_cast<int>(pool.devices.size()), after, after, 1};
-    GlobalPlan current = d.plan_of(pool);
-    std::optional<GlobalPlan> target = forced;
-    if (!target) {
-      const Decision dec = ctl.decide(next, current);
-      out["decision"] = decision_json(dec);
-      if (dec.admitted) target = dec.target;
-    }
-    if (target) {
-      out["target_plan"] = plan_json(pool.to_devices(*target));
-      const TransitionGraph g = ctl.transition(current, *target, next);
-      if (!g.feasibility.ok) throw Error("the transition does not fit device memory: " + g.feasibility.reason);
-      const auto t0 = detail::clock::now();
-      t = at();
-      out["transition"] = co_await detail::run_graph(d, g, pool);
-      phase("transition", t);
-      // A node lost: replan from the intact units on the surviving devices (again if
-      // another node is lost meanwhile, up to three times).
-      json recoveries = json::array();
-      for (std::size_t handled = 0; d.lost().size() > handled && recoveries.size() < 3;) {
-        handled = d.lost().size();
-        d.check_recoverable();
-        const Pool survivors = pool_of(d.alive(), per);
-        const GlobalPlan intact = d.plan_of(survivors);
-        json why = json::object();
-        for (int r : d.lost()) why[std::to_string(r)] = d.lost_why(r);
-        out["failure"] = {{"lost_nodes", d.lost()},
-                          {"why", why},
-                          {"detected_seconds", std::chrono::duration<double>(d.lost_at() - t0).count()},
-                          {"intact_plan", plan_json(survivors.to_devices(intact))}};
-        const Signals now{static_cast<long>(2 + recoveries.size()), static_cast<int>(survivors.devices.size()), after, after, 1};
-        const Decision dec = ctl.decide(now, intact);
-        json rec{{"decision", decision_json(dec)}};
-        pool = survivors;
-        if (dec.admitted) {
-          rec["target_plan"] = plan_json(survivors.to_devices(dec.target));
-          const TransitionGraph rg = ctl.transition(intact, dec.target, now);
-          if (!rg.feasibility.ok) throw Error("the recovery does not fit device memory: " + rg.feasibility.reason);
-          t = at();
-          rec["transition"] = co_await detail::run_graph(d, rg, survivors);
-          phase("recovery", t);
-        }
-        recoveries.push_back(rec);
-      }
-      if (!recoveries.empty()) out["recovery"] = recoveries;
-      if (d.lost().size() > 0) d.check_recoverable();
-    }
-    out["plan"] = plan_json(pool.to_devices(d.plan_of(pool)));
-    if (r.verify) {
-      t = at();
-      out.update(co_await d.verify());
-      phase("verify", t);
-    }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  co_await d.close();
-  if (!error.empty()) out["error"] = error;
-  if (timeline) out["perfetto"] = timeline->json();
-  const bool failed = out.contains("error") || out.contains("failure") || (out.contains("verified") && !out["verified"].get<bool>());
-  co_return TransitionOutcome{out.dump(), failed};
-}
-
-}  // namespace nereus::cluster
+}  // namespace nereus::cluster::detail

@@ -54,9 +54,12 @@ class JobDriver {
   asio::any_io_executor executor() const { return ex_; }
   Notifier& changed() { return changed_; }
 
-  /// Authenticates to every node, opens the job there and connects their UCX endpoints.
+  /// Authenticates to every node, opens the job there and connects their UCX endpoints. A
+  /// node that cannot be reached or is lost meanwhile is lost to the job, not an error
+  /// (its units never load); none reachable is.
   asio::awaitable<void> connect(const std::vector<NodeAddress>& nodes);
-  /// Allocates and fills the units of `plan` (pool indices).
+  /// Allocates and fills the units of `plan` (pool indices). Units with a GPU on a node lost
+  /// before or during loading stay recorded, unallocated, for drop_lost_units().
   asio::awaitable<void> load(const GlobalPlan& plan, const Pool& pool);
   /// The current collections as a plan over `pool` (every unit must be on it).
   GlobalPlan plan_of(const Pool& pool) const;
@@ -72,7 +75,10 @@ class JobDriver {
   asio::awaitable<std::vector<RunDone>> build(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups);
   /// Frees a unit on the alive nodes that hold part of it.
   asio::awaitable<void> release(std::uint32_t id);
-  /// Throws Error when a model-stage has no unit left (after a node was lost).
+  /// Keeps in every model-stage only intact units, as many as divide the global batch, and
+  /// frees the others on the alive nodes (after a node was lost outside a graph's run).
+  asio::awaitable<void> drop_lost_units();
+  /// Throws Error naming every model-stage with no unit left (after a node was lost).
   void check_recoverable() const;
   /// Whether none of the unit's GPUs is on a lost node.
   bool intact(std::uint32_t id) const;
@@ -92,7 +98,8 @@ class JobDriver {
   std::vector<int> lost() const;
   /// Why node `rank` was lost (its channel's last error, or the membership's verdict).
   std::string lost_why(int rank) const;
-  clock::time_point lost_at() const { return lost_at_; }
+  /// When node `rank` was lost (the epoch while it is alive).
+  clock::time_point lost_at(int rank) const;
   int node_of(DeviceId d) const { return static_cast<int>(d) / per_; }
   /// Where builds record their nodes' transfers (--perfetto); null: nowhere.
   void set_timeline(JobTimeline* t) { timeline_ = t; }
@@ -105,6 +112,7 @@ class JobDriver {
     bool alive = true;
     bool silent = false;  // closed because the membership lost it
     std::string lost;
+    clock::time_point lost_at{};
     struct Pending {
       asio::steady_timer timer;
       std::optional<Envelope> reply;
@@ -113,6 +121,8 @@ class JobDriver {
   };
 
   asio::awaitable<void> pump(Session& s);
+  /// Marks the session lost and wakes whatever waits on it.
+  void lose(Session& s, const std::string& why);
   /// Ends the sessions of nodes the membership has lost, until close().
   asio::awaitable<void> watch_membership();
   Session& session(int rank);
@@ -121,6 +131,10 @@ class JobDriver {
   asio::awaitable<void> call_into(int rank, Body body, const char* what, Envelope* out, std::string* error);
   /// The same request to several nodes at once; throws the first error once all answered.
   asio::awaitable<std::vector<Envelope>> each(const std::vector<int>& ranks, const Body& body, const char* what);
+  /// The same request to several nodes at once; the answers of those that answered. An error
+  /// from a node lost meanwhile is its loss, not the request's; any other error throws.
+  asio::awaitable<std::vector<std::pair<int, Envelope>>> each_surviving(const std::vector<int>& ranks, const Body& body,
+                                                                        const char* what);
   std::vector<int> nodes_of(const Emu& e) const;
   UnitDesc describe(std::uint32_t id) const;
 
@@ -137,7 +151,6 @@ class JobDriver {
   std::uint32_t next_unit_ = 1;
   std::map<std::uint32_t, UnitRecord> units_;
   std::vector<std::vector<std::uint32_t>> current_;
-  clock::time_point lost_at_{};
   JobTimeline* timeline_ = nullptr;
   bool giving_up_ = false;
   std::function<bool(int)> membership_;

@@ -273,13 +273,16 @@ Body body_of(w::Envelope::Body::Reader e) {
                         j.getResponseLen(),                     j.getResponseLenAfter(),
                         j.getVerify(),                          j.getTimeoutSeconds(),
                         j.getKillNode(),                        j.getFreezeNode(),
-                        j.getPerfetto()};
+                        j.getPerfetto(),
+                        j.getSteps(),
+                        j.getStepSeconds(),
+                        text_of(j.getInjectAt(), "fault moment")};
     }
     case w::Envelope::Body::JOB_OPEN: {
       auto j = e.getJobOpen();
       if (j.getNcclId().size() > kMaxNcclId) throw Error("an NCCL unique id of " + std::to_string(j.getNcclId().size()) + " bytes is too long");
       return JobOpen{text_of(j.getJob(), "job", kMaxFile), j.getDevicesPerNode(), j.getKillNode(), j.getFreezeNode(),
-                     Bytes(j.getNcclId().begin(), j.getNcclId().end())};
+                     Bytes(j.getNcclId().begin(), j.getNcclId().end()), text_of(j.getInjectAt(), "fault moment")};
     }
     case w::Envelope::Body::UNIT_ALLOC: {
       auto a = e.getUnitAlloc();
@@ -437,6 +440,9 @@ Bytes encode_frame(const Envelope& e) {
                    o.setKillNode(j.kill_node);
                    o.setFreezeNode(j.freeze_node);
                    o.setPerfetto(j.perfetto);
+                   o.setSteps(j.steps);
+                   o.setStepSeconds(j.step_seconds);
+                   o.setInjectAt(j.inject_at);
                  },
                  [&](const JobOpen& j) {
                    auto o = body.initJobOpen();
@@ -445,6 +451,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setKillNode(j.kill_node);
                    o.setFreezeNode(j.freeze_node);
                    o.setNcclId(data_of(j.nccl_id));
+                   o.setInjectAt(j.inject_at);
                  },
                  [&](const UnitAlloc& a) {
                    auto o = body.initUnitAlloc();

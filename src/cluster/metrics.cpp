@@ -41,10 +41,10 @@ void Metrics::add_job_report(const std::string& report) {
   auto count = [&](const nlohmann::json& d) {
     if (d.is_object() && d.contains("admitted")) ++decisions[d.value("admitted", false) ? "admitted" : "rejected"];
   };
-  if (j.contains("decision")) count(j["decision"]);
-  if (j.contains("recovery") && j["recovery"].is_array())
-    for (const auto& r : j["recovery"])
-      if (r.contains("decision")) count(r["decision"]);
+  for (const char* list : {"steps", "failures"})  // every step's decision, every recovery's
+    if (j.contains(list) && j[list].is_array())
+      for (const auto& x : j[list])
+        if (x.is_object() && x.contains("decision")) count(x["decision"]);
   if (j.contains("plan") && j["plan"].is_object()) {
     job_units.clear();
     for (const auto& [stage, spec] : j["plan"].items()) {

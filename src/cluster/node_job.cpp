@@ -30,6 +30,19 @@ struct LocalUnit {
 
 }  // namespace
 
+FaultMoment parse_fault_moment(const std::string& text) {
+  if (text.empty() || text == "build") return {};
+  if (text == "load") return {FaultMoment::At::load, 0};
+  if (text.size() > 2 && text.ends_with("ms")) {
+    const std::string digits = text.substr(0, text.size() - 2);
+    if (digits.size() <= 7 && digits.find_first_not_of("0123456789") == std::string::npos) {
+      const int ms = std::stoi(digits);
+      if (ms <= 3'600'000) return {FaultMoment::At::after_open, ms};
+    }
+  }
+  throw Error("fault moment '" + text + "': expected build, load or a delay such as 250ms (at most 3600000ms)");
+}
+
 struct NodeJob::State {
   asio::io_context& io;
   int rank;
@@ -38,6 +51,7 @@ struct NodeJob::State {
   std::unique_ptr<JobSpec> job;
   int per = 1;
   int kill_node = -1, freeze_node = -1;
+  FaultMoment fault;
   Bytes nccl_id;
   bool doomed = false;
   asio::steady_timer doom{io};
@@ -79,6 +93,8 @@ struct NodeJob::State {
     per = m.devices_per_node;
     kill_node = m.kill_node;
     freeze_node = m.freeze_node;
+    fault = parse_fault_moment(m.inject_at);
+    if (fault.at == FaultMoment::At::after_open) strike_after(fault.ms);
     detail::check_nccl_id(m.nccl_id);
     nccl_id = m.nccl_id;  // for an NCCL communicator over the job's nodes (no NCCL transport yet)
     // Without UCX's peer error handling (the default; see UcxOptions): gets go over shared
@@ -103,8 +119,25 @@ struct NodeJob::State {
     }
   }
 
+  /// Fault injection (tests, the soak bench): when this node is the job's victim, it dies
+  /// (SIGKILL) or stops (SIGSTOP) `ms` from now, once per job.
+  void strike_after(int ms) {
+    if ((kill_node != rank && freeze_node != rank) || doomed) return;
+    doomed = true;
+    const int sig = kill_node == rank ? SIGKILL : SIGSTOP;
+    if (ms == 0) {
+      ::raise(sig);  // now: before answering the request at hand
+      return;
+    }
+    doom.expires_after(std::chrono::milliseconds(ms));
+    doom.async_wait([sig](auto ec) {
+      if (!ec) ::raise(sig);
+    });
+  }
+
   /// Allocates this node's buffers of a unit in the daemon's arenas.
   LocalUnit& allocate(const UnitDesc& u) {
+    if (fault.at == FaultMoment::At::load) strike_after(0);
     if (units.contains(u.id)) throw Error(me() + " already holds unit " + std::to_string(u.id));
     LocalUnit unit{collection_of(u), {}, {}, 0, false};
     std::vector<DeviceId> mine;
@@ -172,13 +205,7 @@ struct NodeJob::State {
     for (const BufferSpec& x : target.buffers) mine.push_back(x.key.device);
     const auto transfers = plan.transfers_touching(mine);
     auto bound = std::make_shared<BoundTransition>(ex->bind(transfers, plan.target(), table));
-    if ((kill_node == rank || freeze_node == rank) && !doomed) {
-      // Fault injection: this daemon dies (or freezes) 3 ms into its first build.
-      doomed = true;
-      doom.expires_after(std::chrono::milliseconds(3));
-      const int sig = kill_node == rank ? SIGKILL : SIGSTOP;
-      doom.async_wait([sig](auto) { ::raise(sig); });
-    }
+    if (fault.at == FaultMoment::At::build) strike_after(fault.ms);
     target.building = true;
     for (LocalUnit* u : held) ++u->readers;
     builds.spawn(run_build(b.target, std::move(held), ex, bound, request));
@@ -216,11 +243,14 @@ struct NodeJob::State {
     units.erase(id);
   }
 
-  /// Every unit's bytes against the verification fill (on the helper thread).
+  /// Every unit's bytes against the verification fill (on the helper thread). A unit still
+  /// being built is not part of the job: the build was aborted and would not stop (a get
+  /// from a frozen peer), so the coordinator dropped it and it stays here, unfinished.
   FillCheck verify() const {
     FillCheck all;
     for (const auto& [id, u] : units)
-      for (std::size_t b = 0; b < u.buffers.size(); ++b) {
+      if (!u.building)
+        for (std::size_t b = 0; b < u.buffers.size(); ++b) {
         FillCheck one = check_buffer(*u.one.model, u.buffers[b], u.memory[b].data());
         if (!one.ok) one.first_error = u.one.model_stage + " unit " + std::to_string(id) + ": " + one.first_error;
         all.merge(one);
@@ -316,6 +346,7 @@ asio::awaitable<void> NodeJob::close() {
   co_await s.ucx->shutdown();
   s.ucx.reset();
   s.job.reset();
+  s.doom.cancel();
   s.doomed = false;
 }
 

@@ -139,9 +139,10 @@ asio::awaitable<void> GraphRun::watch() {
   if (stopping_) co_await space_.stopping();
 }
 
-// The new units when every one was built; else the old units left (or, when a
-// memory-first graph freed them all, the new ones built so far); never a unit with a GPU
-// lost; a DP degree that divides the global batch.
+// The new units when every one was built; else the old units left (or, when none of them
+// is left intact — a memory-first graph freed them, or they had a GPU on a lost node — the
+// new ones built so far); never a unit with a GPU lost; a DP degree that divides the
+// global batch.
 StageEnd GraphRun::end_of(std::size_t i, std::vector<UnitId>& discard) const {
   StageEnd end;
   std::vector<UnitId> keep;
@@ -152,13 +153,16 @@ StageEnd GraphRun::end_of(std::size_t i, std::vector<UnitId>& discard) const {
     for (std::size_t j = 0; j < olds_[i].size(); ++j)
       if (!destroyed_[i][j] && !committed(olds_[i][j])) end.retire.push_back(olds_[i][j]);
   } else {
+    std::vector<UnitId> olds_left, news_built;
     for (std::size_t j = 0; j < olds_[i].size(); ++j)
-      if (!destroyed_[i][j]) keep.push_back(olds_[i][j]);
-    const bool keep_new = keep.empty();
-    for (std::size_t u = 0; u < news_[i].size(); ++u) {
-      if (news_[i][u] == 0 || graph_.kept[i][u] >= 0) continue;
-      (keep_new ? keep : discard).push_back(news_[i][u]);
-    }
+      if (!destroyed_[i][j]) olds_left.push_back(olds_[i][j]);
+    for (std::size_t u = 0; u < news_[i].size(); ++u)
+      if (news_[i][u] != 0 && graph_.kept[i][u] < 0) news_built.push_back(news_[i][u]);
+    // Each unit is a whole replica, so either set is a valid collection. The new ones serve
+    // when no old one is left intact: freed by a memory-first graph, or on a lost node.
+    const bool keep_new = std::none_of(olds_left.begin(), olds_left.end(), [&](UnitId id) { return space_.intact(id); });
+    keep = keep_new ? news_built : olds_left;
+    for (UnitId id : keep_new ? olds_left : news_built) (keep_new ? end.retire : discard).push_back(id);
   }
   for (UnitId id : keep) (space_.intact(id) ? end.units : end.retire).push_back(id);
   while (end.units.size() > 1 && !dp_allowed(space_.batch(), static_cast<int>(end.units.size()))) {

@@ -23,6 +23,17 @@
 
 namespace nereus::cluster {
 
+/// When a node named by a job's fault injection (`kill_node`, `freeze_node`) strikes: 3 ms
+/// into its first build, at its first unit allocation (the job is loading), or `ms` after
+/// the job opened on it.
+struct FaultMoment {
+  enum class At { build, load, after_open } at = At::build;
+  int ms = 3;
+};
+/// "build" (also ""), "load" or "MSms" (0 ≤ MS ≤ 3,600,000); throws nereus::Error naming
+/// the text otherwise.
+FaultMoment parse_fault_moment(const std::string& text);
+
 /// Runs the request over `nodes` (the alive nodes, each with `devices_per_node` devices of
 /// `device_capacity` bytes) and returns the JSON report. Bad requests (a job, cluster or
 /// plan that does not parse, a plan beyond the alive devices) throw nereus::Error; a node

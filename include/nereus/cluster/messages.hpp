@@ -155,6 +155,9 @@ struct JobRequest {
   std::int32_t kill_node = -1;
   std::int32_t freeze_node = -1;
   bool perfetto = false;  ///< the report carries `perfetto`: the job's timeline, nodes merged
+  std::uint32_t steps = 1;    ///< controller steps; 0 is read as 1
+  double step_seconds = 0;    ///< the wait between steps (daemon jobs run no stage work)
+  std::string inject_at;      ///< when kill_node / freeze_node strikes (parse_fault_moment)
 };
 struct JobOpen {
   std::string job;
@@ -162,6 +165,7 @@ struct JobOpen {
   std::int32_t kill_node = -1;
   std::int32_t freeze_node = -1;
   Bytes nccl_id;  ///< the coordinator's NCCL unique id for the job; empty without NCCL
+  std::string inject_at;  ///< as JobRequest::inject_at
 };
 /// One unit of a job on the wire: id, model-stage and "tp=..,pp=..,dp=1,devices=...".
 struct UnitDesc {

@@ -1,0 +1,286 @@
+// A job across daemons from its first request to its check (job_service.hpp): connect,
+// load, the steps (the controller decides, a transition runs when it admits one), the
+// check; after every phase, a recovery from each node lost during it. The JobDriver
+// (job_graph_run.hpp) talks to the nodes; this file decides what the job does next.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "job_graph_run.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/cluster/job_service.hpp"
+#include "nereus/control/controller.hpp"
+#include "nereus/core/bytes.hpp"
+
+namespace nereus::cluster {
+
+namespace {
+
+using json = nlohmann::json;
+using detail::clock;
+using detail::JobDriver;
+using detail::Pool;
+
+json plan_json(const GlobalPlan& p) {
+  json out = json::object();
+  for (const auto& [name, spec] : p.stages) out[name] = to_string(spec);
+  return out;
+}
+
+json decision_json(const Decision& d) {
+  auto finite = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
+  return {{"trigger", d.trigger},  {"urgent", d.urgent}, {"admitted", d.admitted}, {"why", d.why},
+          {"current_seconds", finite(d.current_seconds)}, {"target_seconds", finite(d.target_seconds)},
+          {"transition_seconds", d.transition_seconds}, {"moved_bytes", d.moved_bytes}, {"decision_ms", d.decision_ms}};
+}
+
+Pool pool_of(const std::vector<int>& ranks, int per) {
+  Pool p;
+  for (int r : ranks)
+    for (int i = 0; i < per; ++i) p.devices.push_back(static_cast<DeviceId>(r * per + i));
+  return p;
+}
+
+/// The mean response length at step k of n: geometric from the first plan's to the last.
+double length_at(long k, long n, double first, double last) {
+  return first * std::pow(last / first, static_cast<double>(k) / static_cast<double>(n));
+}
+
+class JobLife {
+ public:
+  JobLife(JobDriver& d, Controller& ctl, const JobRequest& r, int per, Pool pool, double first_len, double last_len,
+          detail::JobTimeline* timeline, json& out)
+      : d_(d), ctl_(ctl), r_(r), per_(per), pool_(std::move(pool)), first_len_(first_len), last_len_(last_len),
+        timeline_(timeline), out_(out) {}
+
+  asio::awaitable<void> run(const std::vector<NodeAddress>& nodes, const GlobalPlan& initial, const std::optional<GlobalPlan>& forced) {
+    begin("connect", "connect");
+    co_await d_.connect(nodes);
+    end();
+    out_["nccl_unique_id_bytes"] = d_.nccl_id().size();
+    begin("load", "load");
+    co_await d_.load(initial, pool_);  // nodes lost while connecting: their units never load
+    end();
+    co_await recover(0, first_len_);
+    const long n = std::max<long>(1, r_.steps);
+    for (long k = 1; k <= n; ++k) {
+      const double len = length_at(k, n, first_len_, last_len_);
+      if (r_.step_seconds > 0) {
+        begin("step " + std::to_string(k), "idle");
+        co_await wait_or_loss(r_.step_seconds);
+        end();
+        co_await recover(k, len);
+      }
+      json step{{"step", k}, {"response_len", len}};
+      const Signals now = signals(k, len);
+      const GlobalPlan current = d_.plan_of(pool_);
+      // The plan the request names (global device ids) holds from step 1 on; the controller
+      // decides only without one, or once a lost node took some of its devices.
+      std::optional<GlobalPlan> target;
+      if (forced && on_pool(*forced)) {
+        target = pool_.to_indices(*forced);
+        if (plan_json(*target) == plan_json(current)) target.reset();  // there already
+      } else {
+        const Decision dec = ctl_.decide(now, current);
+        step["decision"] = decision_json(dec);
+        if (dec.admitted) target = dec.target;
+      }
+      if (target) {
+        step["target_plan"] = plan_json(pool_.to_devices(*target));
+        begin("transition", "transition");
+        step["transition"] = co_await transition(current, *target, now, "transition");
+        end();
+      }
+      steps_.push_back(std::move(step));
+      co_await recover(k, len);
+    }
+    out_["plan"] = plan_json(pool_.to_devices(d_.plan_of(pool_)));
+    if (r_.verify) co_await check(n, last_len_);
+  }
+
+  /// What the report keeps of the steps and failures, also when the job stopped early.
+  void report() {
+    out_["steps"] = steps_;
+    if (!failures_.empty()) out_["failures"] = failures_;
+  }
+
+ private:
+  bool on_pool(const GlobalPlan& p) const {
+    for (const auto& [name, spec] : p.stages)
+      for (DeviceId d : spec.devices)
+        if (std::find(pool_.devices.begin(), pool_.devices.end(), d) == pool_.devices.end()) return false;
+    return true;
+  }
+
+  Signals signals(long step, double len) const { return {step, static_cast<int>(pool_.devices.size()), len, len, 1}; }
+
+  /// A phase of the job: `name` on the timeline; `kind` is what a failure during it says
+  /// (connect, load, idle (no graph runs: the stages' work), transition, recovery, verify).
+  void begin(const std::string& name, const char* kind) {
+    phase_ = name;
+    kind_ = kind;
+    phase_start_ = clock::now();
+    phase_end_ = clock::time_point::max();
+    if (timeline_) phase_at_ = timeline_->now();
+  }
+  void end() {
+    phase_end_ = clock::now();
+    if (timeline_) timeline_->phase(phase_, phase_at_, timeline_->now());
+  }
+
+  asio::awaitable<json> transition(const GlobalPlan& from, const GlobalPlan& to, const Signals& s, const char* what) {
+    const TransitionGraph g = ctl_.transition(from, to, s);
+    if (!g.feasibility.ok) throw Error(std::string("the ") + what + " does not fit device memory: " + g.feasibility.reason);
+    co_return co_await detail::run_graph(d_, g, pool_);
+  }
+
+  /// Waits `seconds` (the stages' work, which daemon jobs do not run), less if a node is lost.
+  asio::awaitable<void> wait_or_loss(double seconds) {
+    asio::steady_timer t(d_.executor());
+    const auto until = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+    while (clock::now() < until && d_.lost().size() == handled_.size()) {
+      t.expires_after(std::min<clock::duration>(until - clock::now(), std::chrono::milliseconds(20)));
+      co_await t.async_wait(asio::use_awaitable);
+    }
+  }
+
+  /// From every node lost since the last recovery: each model-stage keeps its intact units,
+  /// or the job stops with an error naming the state whose only copies were on lost nodes;
+  /// then the controller decides on the survivors' devices (the pool trigger) and a
+  /// transition it admits runs. Again while nodes are lost during it.
+  asio::awaitable<void> recover(long step, double len) {
+    while (d_.lost().size() > handled_.size()) {
+      std::vector<int> fresh;
+      for (int rank : d_.lost())
+        if (handled_.insert(rank).second) fresh.push_back(rank);
+      co_await d_.drop_lost_units();  // a graph's run already did; a loss outside one did not
+      const Pool survivors = pool_of(d_.alive(), per_);
+      // The phase it was lost in: the last one begun, or none (idle) when that had ended.
+      clock::time_point at = clock::time_point::max();
+      for (int rank : fresh) at = std::min(at, d_.lost_at(rank));
+      const bool during = at <= phase_end_;
+      json why = json::object();
+      for (int rank : fresh) why[std::to_string(rank)] = d_.lost_why(rank);
+      const double detected = std::chrono::duration<double>(at - (during ? phase_start_ : phase_end_)).count();
+      const auto wall = std::chrono::system_clock::now() - std::chrono::duration_cast<std::chrono::system_clock::duration>(clock::now() - at);
+      json f{{"phase", during ? kind_ : "idle"},
+             {"step", step},
+             {"lost_nodes", fresh},
+             {"why", why},
+             {"detected_seconds", std::max(0.0, detected)},
+             {"noticed_at", std::chrono::duration<double>(wall.time_since_epoch()).count()}};
+      failures_.push_back(f);
+      d_.check_recoverable();
+      const GlobalPlan intact = d_.plan_of(survivors);
+      json& rec = failures_.back();
+      rec["intact_plan"] = plan_json(survivors.to_devices(intact));
+      pool_ = survivors;
+      const Signals now = signals(step, len);
+      const Decision dec = ctl_.decide(now, intact);
+      rec["decision"] = decision_json(dec);
+      if (dec.admitted) {
+        rec["target_plan"] = plan_json(survivors.to_devices(dec.target));
+        begin("recovery", "recovery");
+        rec["transition"] = co_await transition(intact, dec.target, now, "recovery");
+        end();
+      }
+      rec["recovery_seconds"] = std::chrono::duration<double>(clock::now() - at).count();
+    }
+  }
+
+  /// Every unit against the fill; a node lost meanwhile is recovered from and the check
+  /// runs again on what is left.
+  asio::awaitable<void> check(long step, double len) {
+    for (;;) {
+      begin("verify", "verify");
+      std::optional<json> got;
+      try {
+        got = co_await d_.verify();
+      } catch (const std::exception&) {
+        if (d_.lost().size() == handled_.size()) throw;
+      }
+      end();
+      if (got && d_.lost().size() == handled_.size()) {
+        out_.update(*got);
+        co_return;
+      }
+      co_await recover(step, len);
+      out_["plan"] = plan_json(pool_.to_devices(d_.plan_of(pool_)));
+    }
+  }
+
+  JobDriver& d_;
+  Controller& ctl_;
+  const JobRequest& r_;
+  int per_;
+  Pool pool_;
+  double first_len_, last_len_;
+  detail::JobTimeline* timeline_;
+  json& out_;
+  json steps_ = json::array();
+  json failures_ = json::array();
+  std::set<int> handled_;  // lost nodes already recovered from
+  std::string phase_;
+  const char* kind_ = "connect";
+  clock::time_point phase_start_{}, phase_end_ = clock::time_point::max();
+  double phase_at_ = 0;
+};
+
+}  // namespace
+
+asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vector<NodeAddress>& nodes, int per,
+                                            std::uint64_t capacity, const std::string& token,
+                                            std::function<bool(int)> membership) {
+  parse_fault_moment(r.inject_at);
+  if (!(r.step_seconds >= 0 && r.step_seconds <= 3600)) throw Error("step seconds must be between 0 and 3600");
+  if (r.steps > 10000) throw Error("at most 10000 steps");
+  JobDriver d(co_await asio::this_coro::executor, r, per, token, std::move(membership));
+  const JobSpec& job = d.job();
+  ClusterSpec hw = parse_cluster(r.cluster, "the cluster");
+  hw.nodes = static_cast<int>(nodes.size());
+  hw.gpus_per_node = per;
+  hw.gpu_memory_gib = static_cast<double>(capacity) / static_cast<double>(1ull << 30);
+  std::vector<int> ranks;
+  for (const NodeAddress& n : nodes) ranks.push_back(n.rank);
+  const Pool pool = pool_of(ranks, per);
+  const double len = r.response_len > 0 ? r.response_len : static_cast<double>(job.max_response_len) / 2;
+  const double after = r.response_len_after > 0 ? r.response_len_after : len;
+  Controller ctl(job, hw);
+  const Signals first{0, static_cast<int>(pool.devices.size()), len, len, 1};
+  GlobalPlan initial;
+  try {
+    initial = ctl.initial(first);
+  } catch (const Error& e) {
+    throw Error("the daemons' " + std::to_string(pool.devices.size()) + " devices of " + human_bytes(capacity) + ": " + e.what() +
+                " (start the daemons with more --devices, or pass --plan)");
+  }
+  if (!r.plan.empty()) initial = pool.to_indices(parse_global_plan(job, r.plan, "the plan"));
+  std::optional<GlobalPlan> forced;  // global device ids
+  if (!r.target.empty()) forced = pool.to_devices(pool.to_indices(parse_global_plan(job, r.target, "the target plan")));
+  plan_collections(job, initial, static_cast<std::int64_t>(pool.devices.size()));  // checks, before any node is touched
+
+  json out{{"nodes", ranks}, {"devices_per_node", per}, {"initial_plan", plan_json(pool.to_devices(initial))}};
+  std::optional<detail::JobTimeline> timeline;
+  if (r.perfetto) {
+    timeline.emplace(nodes, per);
+    d.set_timeline(&*timeline);
+  }
+  JobLife life(d, ctl, r, per, pool, len, after, timeline ? &*timeline : nullptr, out);
+  std::string error;
+  try {
+    co_await life.run(nodes, initial, forced);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  life.report();
+  co_await d.close();
+  if (!error.empty()) out["error"] = error;
+  if (timeline) out["perfetto"] = timeline->json();
+  const bool failed = out.contains("error") || out.contains("failures") || (out.contains("verified") && !out["verified"].get<bool>());
+  co_return TransitionOutcome{out.dump(), failed};
+}
+
+}  // namespace nereus::cluster
