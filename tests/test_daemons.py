@@ -420,6 +420,30 @@ try:
     check(rc == 0 and len(lens) == 3 and lens == sorted(lens) and abs(lens[-1] - 4096) < 1 and j.get("verified") is True
           and all("decision" in s for s in j["steps"]),
           f"a job of 3 steps: the controller decides at each, responses growing, verified ({lens} {err.strip()[-300:]})")
+    # Rejoin: node 2 dies in a job's first step; restarted, it joins at the next step and
+    # the controller grows onto it (48 sequences a step: 6 DP replicas of generation divide
+    # them, so the best plan for 6 devices uses node 2's).
+    job48 = os.path.join(work, "ppo-tiny-48.json")
+    with open(job48, "w") as f:
+        json.dump({"algorithm": "ppo", "models": {r: "tiny-llama" for r in ("actor", "critic", "reference", "reward")},
+                   "prompts_per_step": 48, "samples_per_prompt": 1, "prompt_len": 64, "max_response_len": 256}, f)
+    job = subprocess.Popen([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", job48, "--json",
+                            "--plan", json.dumps(JOB_SPREAD), "--steps", "3", "--step-seconds", "3", "--response-len", "128",
+                            "--response-len-after", "4096", "--inject-kill-node", "2", "--inject-at", "500ms"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    gone = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=30) is not None
+    nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:256MiB", name="node2g")
+    back = wait_status(addr, lambda j: j.get("alive") == 3, timeout=30) is not None
+    out, err = job.communicate(timeout=300)
+    j = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    joined = [s for s in j.get("steps", []) if s.get("joined_nodes") == [2]]
+    grew = joined and joined[0].get("decision", {})
+    check(gone and back and job.returncode == 0 and j.get("verified") is True and failure1(j).get("lost_nodes") == [2]
+          and len(joined) == 1 and "pool" in grew.get("trigger", "") and grew.get("admitted") is True
+          and devices_of(j.get("plan") or {"x": "devices=0"}) & {4, 5},
+          f"a restarted node rejoins the job at the next step and the controller grows onto it "
+          f"({[(s['step'], s.get('joined_nodes'), s.get('decision', {}).get('why')) for s in j.get('steps', [])]}, "
+          f"{j.get('plan')} {err.strip()[-300:]})")
     bad = dict(JOB_TO, **{"reward/infer": "tp=1,pp=1,dp=1,devices=9"})
     rc, j, err = cluster_job(addr, "--to", json.dumps(bad))
     check(rc == 1 and "device 9" in err, f"a plan beyond the alive devices: one clear error ({err.strip()[-200:]})")

@@ -239,9 +239,12 @@ struct Daemon::State {
 
   /// The alive nodes, for a transition or a job; an ErrorReply's text when they differ in
   /// devices.
-  std::string alive_nodes(std::vector<NodeAddress>& nodes) {
+  /// The alive nodes; an error when one has another device count than the coordinator
+  /// (with `skip_odd`, such a node is left out instead).
+  std::string alive_nodes(std::vector<NodeAddress>& nodes, bool skip_odd = false) {
     for (const NodeStatus& m : members->status(Clock::now()).members) {
       if (!m.alive) continue;
+      if (static_cast<int>(m.devices.size()) != o.devices && skip_odd) continue;
       if (static_cast<int>(m.devices.size()) != o.devices)
         return "node " + std::to_string(m.rank) + " has " + std::to_string(m.devices.size()) + " devices and the coordinator " +
                std::to_string(o.devices) + "; transitions need the same on every node";
@@ -296,8 +299,13 @@ struct Daemon::State {
         if (m.rank == rank) return m.alive;
       return false;
     };
+    const auto roster = [this] {  // the alive nodes now: a restarted node joins the job at its next step
+      std::vector<NodeAddress> nodes;
+      (void)alive_nodes(nodes, true);
+      return nodes;
+    };
     const auto drive = [&](const std::vector<NodeAddress>& nodes) {
-      return drive_job(request, nodes, o.devices, o.device_capacity, o.token, membership);
+      return drive_job(request, nodes, o.devices, o.device_capacity, o.token, membership, roster);
     };
     const std::string what = fmt::format("request {}: job", request_id);
     Body answer = co_await drive_alive(what, drive);

@@ -41,17 +41,25 @@ JobDriver::JobDriver(asio::any_io_executor ex, const JobRequest& r, int per_node
     : ex_(ex), request_(r), per_(per_node), token_(token), job_(parse_job(r.job, "the job")), stages_(model_stages(job_)),
       pumps_(ex), changed_(ex), membership_(std::move(membership)) {}
 
+asio::awaitable<std::unique_ptr<JobDriver::Session>> JobDriver::open_session(const NodeAddress& n) {
+  auto s = std::make_unique<Session>();
+  s->rank = n.rank;
+  auto ch = std::make_unique<Channel>(co_await connect_to(n.listen.host, n.listen.port, Millis(5000)));
+  ch->set_peer("node " + std::to_string(n.rank) + " (" + n.listen.str() + ")");
+  const Hello hello{Role::client, -1, 0, {}};
+  co_await authenticate_as_client(*ch, token_, hello, Millis(5000));
+  s->ch = std::move(ch);
+  co_return s;
+}
+
 asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) {
   for (const NodeAddress& n : nodes) {
-    auto s = std::make_unique<Session>();
-    s->rank = n.rank;
+    std::unique_ptr<Session> s;
     try {
-      auto ch = std::make_unique<Channel>(co_await connect_to(n.listen.host, n.listen.port, Millis(5000)));
-      ch->set_peer("node " + std::to_string(n.rank) + " (" + n.listen.str() + ")");
-      const Hello hello{Role::client, -1, 0, {}};
-      co_await authenticate_as_client(*ch, token_, hello, Millis(5000));
-      s->ch = std::move(ch);
+      s = co_await open_session(n);
     } catch (const std::exception& e) {  // died since the membership last saw it: lost before the job began
+      s = std::make_unique<Session>();
+      s->rank = n.rank;
       lose(*s, e.what());
     }
     sessions_.push_back(std::move(s));
@@ -63,9 +71,36 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
   nccl_id_ = nccl_unique_id();  // one per job; empty without NCCL
   const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, nccl_id_, request_.inject_at};
   Peers peers;
-  for (const auto& [rank, e] : co_await each_surviving(alive(), open, "job-open")) peers.all.push_back(std::get<Ready>(e.body).info);
+  for (auto& [rank, e] : co_await each_surviving(alive(), open, "job-open")) {
+    session(rank).info = std::get<Ready>(e.body).info;
+    peers.all.push_back(session(rank).info);
+  }
   const Body b = peers;
   co_await each_surviving(alive(), b, "peers");
+}
+
+asio::awaitable<bool> JobDriver::admit(const NodeAddress& n) {
+  auto it = std::find_if(sessions_.begin(), sessions_.end(), [&](const auto& s) { return s->rank == n.rank; });
+  if (it != sessions_.end() && (*it)->alive) co_return false;
+  // A lost session's pump has ended (it is what marked the session lost): safe to replace.
+  std::unique_ptr<Session> fresh = co_await open_session(n);
+  Session& s = *fresh;
+  if (it != sessions_.end()) {
+    *it = std::move(fresh);
+  } else {
+    sessions_.push_back(std::move(fresh));
+  }
+  pumps_.spawn(pump(s));
+  const Body open = JobOpen{request_.job, per_, -1, -1, nccl_id_, {}};
+  s.info = std::get<Ready>((co_await call(n.rank, open, "job-open")).body).info;
+  Peers everyone;
+  for (int r : alive()) everyone.all.push_back(session(r).info);
+  const Body to_joiner = everyone, to_others = Peers{{s.info}};
+  std::vector<int> others = alive();
+  std::erase(others, n.rank);
+  co_await call(n.rank, to_joiner, "peers");
+  co_await each_surviving(others, to_others, "peers");
+  co_return true;
 }
 
 void JobDriver::lose(Session& s, const std::string& why) {
@@ -112,6 +147,12 @@ std::vector<int> JobDriver::alive() const {
   for (const auto& s : sessions_)
     if (s->alive) out.push_back(s->rank);
   return out;
+}
+
+bool JobDriver::in_job(int rank) const {
+  for (const auto& s : sessions_)
+    if (s->rank == rank) return s->alive;
+  return false;
 }
 
 std::vector<int> JobDriver::lost() const {

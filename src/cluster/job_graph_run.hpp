@@ -58,6 +58,11 @@ class JobDriver {
   /// node that cannot be reached or is lost meanwhile is lost to the job, not an error
   /// (its units never load); none reachable is.
   asio::awaitable<void> connect(const std::vector<NodeAddress>& nodes);
+  /// Adds node `n` to the running job: a node that was not part of it, or was lost and
+  /// restarted. It opens the job (without the request's fault injection: that strikes
+  /// once) and every alive node connects to it. Returns false when it is already in, and
+  /// an error when it cannot be reached.
+  asio::awaitable<bool> admit(const NodeAddress& n);
   /// Allocates and fills the units of `plan` (pool indices). Units with a GPU on a node lost
   /// before or during loading stay recorded, unallocated, for drop_lost_units().
   asio::awaitable<void> load(const GlobalPlan& plan, const Pool& pool);
@@ -95,6 +100,8 @@ class JobDriver {
   /// The NCCL unique id the nodes got (empty without NCCL).
   const Bytes& nccl_id() const { return nccl_id_; }
   std::vector<int> alive() const;
+  /// Whether node `rank` is in the job and not lost.
+  bool in_job(int rank) const;
   std::vector<int> lost() const;
   /// Why node `rank` was lost (its channel's last error, or the membership's verdict).
   std::string lost_why(int rank) const;
@@ -113,6 +120,7 @@ class JobDriver {
     bool silent = false;  // closed because the membership lost it
     std::string lost;
     clock::time_point lost_at{};
+    PeerInfo info;  // its UCX address and arenas' keys, once it opened the job
     struct Pending {
       asio::steady_timer timer;
       std::optional<Envelope> reply;
@@ -121,6 +129,8 @@ class JobDriver {
   };
 
   asio::awaitable<void> pump(Session& s);
+  /// A session to node `n`, authenticated; throws when it cannot be reached.
+  asio::awaitable<std::unique_ptr<Session>> open_session(const NodeAddress& n);
   /// Marks the session lost and wakes whatever waits on it.
   void lose(Session& s, const std::string& why);
   /// Ends the sessions of nodes the membership has lost, until close().

@@ -52,9 +52,9 @@ double length_at(long k, long n, double first, double last) {
 class JobLife {
  public:
   JobLife(JobDriver& d, Controller& ctl, const JobRequest& r, int per, Pool pool, double first_len, double last_len,
-          detail::JobTimeline* timeline, json& out)
+          detail::JobTimeline* timeline, std::function<std::vector<NodeAddress>()> roster, json& out)
       : d_(d), ctl_(ctl), r_(r), per_(per), pool_(std::move(pool)), first_len_(first_len), last_len_(last_len),
-        timeline_(timeline), out_(out) {}
+        timeline_(timeline), roster_(std::move(roster)), out_(out) {}
 
   asio::awaitable<void> run(const std::vector<NodeAddress>& nodes, const GlobalPlan& initial, const std::optional<GlobalPlan>& forced) {
     begin("connect", "connect");
@@ -75,6 +75,8 @@ class JobLife {
         co_await recover(k, len);
       }
       json step{{"step", k}, {"response_len", len}};
+      co_await rejoin(step);
+      co_await recover(k, len);
       const Signals now = signals(k, len);
       const GlobalPlan current = d_.plan_of(pool_);
       // The plan the request names (global device ids) holds from step 1 on; the controller
@@ -135,6 +137,31 @@ class JobLife {
     const TransitionGraph g = ctl_.transition(from, to, s);
     if (!g.feasibility.ok) throw Error(std::string("the ") + what + " does not fit device memory: " + g.feasibility.reason);
     co_return co_await detail::run_graph(d_, g, pool_);
+  }
+
+  /// Nodes alive again (restarted after a loss) join the job; the next decision sees their
+  /// devices in the pool. A node that cannot join now is tried again next step.
+  asio::awaitable<void> rejoin(json& step) {
+    if (!roster_) co_return;
+    json joined = json::array();
+    for (const NodeAddress& n : roster_()) {
+      if (d_.in_job(n.rank)) continue;
+      begin("join", "join");
+      bool in = false;
+      try {
+        in = co_await d_.admit(n);
+      } catch (const std::exception& e) {
+        step["join_errors"][std::to_string(n.rank)] = e.what();
+      }
+      end();
+      if (!in) continue;
+      handled_.erase(n.rank);  // lost again later: recovered from again
+      if (timeline_) timeline_->rejoined(n);
+      joined.push_back(n.rank);
+    }
+    if (joined.empty()) co_return;
+    step["joined_nodes"] = joined;
+    pool_ = pool_of(d_.alive(), per_);
   }
 
   /// Waits `seconds` (the stages' work, which daemon jobs do not run), less if a node is lost.
@@ -219,6 +246,7 @@ class JobLife {
   Pool pool_;
   double first_len_, last_len_;
   detail::JobTimeline* timeline_;
+  std::function<std::vector<NodeAddress>()> roster_;
   json& out_;
   json steps_ = json::array();
   json failures_ = json::array();
@@ -233,7 +261,8 @@ class JobLife {
 
 asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vector<NodeAddress>& nodes, int per,
                                             std::uint64_t capacity, const std::string& token,
-                                            std::function<bool(int)> membership) {
+                                            std::function<bool(int)> membership,
+                                            std::function<std::vector<NodeAddress>()> roster) {
   parse_fault_moment(r.inject_at);
   if (!(r.step_seconds >= 0 && r.step_seconds <= 3600)) throw Error("step seconds must be between 0 and 3600");
   if (r.steps > 10000) throw Error("at most 10000 steps");
@@ -268,7 +297,7 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& r, const std::vec
     timeline.emplace(nodes, per);
     d.set_timeline(&*timeline);
   }
-  JobLife life(d, ctl, r, per, pool, len, after, timeline ? &*timeline : nullptr, out);
+  JobLife life(d, ctl, r, per, pool, len, after, timeline ? &*timeline : nullptr, std::move(roster), out);
   std::string error;
   try {
     co_await life.run(nodes, initial, forced);

@@ -19,6 +19,11 @@ JobTimeline::JobTimeline(const std::vector<NodeAddress>& nodes, int devices_per_
   }
 }
 
+void JobTimeline::rejoined(const NodeAddress& n) {
+  if (!offset_ns_.contains(n.rank)) trace_.process(node_pid(n.rank), "node " + std::to_string(n.rank) + " · devices (receiving)");
+  offset_ns_[n.rank] = n.clock_rtt_ns >= 0 ? n.clock_offset_ns : 0;
+}
+
 double JobTimeline::now() const { return seconds_since(origin_ns_, node_clock_ns(), 0); }
 
 void JobTimeline::phase(const std::string& name, double start, double end) {

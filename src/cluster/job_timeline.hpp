@@ -21,6 +21,8 @@ class JobTimeline {
   /// node owns `devices_per_node` devices, numbered node by node.
   JobTimeline(const std::vector<NodeAddress>& nodes, int devices_per_node);
 
+  /// A node that joined the job later (a restarted node): its clock offset now.
+  void rejoined(const NodeAddress& n);
   /// Seconds since the timeline's zero, on the coordinator's clock.
   double now() const;
   /// A phase of the job on the coordinator's track.

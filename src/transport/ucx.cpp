@@ -368,7 +368,11 @@ Status UcxTransport::connect(PeerId peer, std::span<const std::byte> address) {
   ucp_ep_h ep = nullptr;
   if (ucs_status_t s = ucp_ep_create(impl_->worker, &p, &ep); s != UCS_OK)
     return {StatusCode::io_error, "ucx: cannot connect to peer " + std::to_string(peer) + ": " + ucs(s)};
+  // A peer that comes back (a restarted node) gets a new endpoint. The old one, failed or
+  // to a dead process, is left open rather than closed: closing it could wait on that
+  // peer (ucx.hpp, "Lifetimes"); it is a few kB until the transport goes.
   impl_->eps[peer] = ep;
+  impl_->failed.erase(peer);
   return Status::ok();
 }
 

@@ -38,10 +38,13 @@ FaultMoment parse_fault_moment(const std::string& text);
 /// `device_capacity` bytes) and returns the JSON report. Bad requests (a job, cluster or
 /// plan that does not parse, a plan beyond the alive devices) throw nereus::Error; a node
 /// lost on the way is reported in the JSON (failure, recovery). A node is lost when its
-/// connection ends or when `membership(rank)` turns false (the heartbeats lost it).
+/// connection ends or when `membership(rank)` turns false (the heartbeats lost it). At
+/// every step, the nodes `roster()` lists (the alive nodes now) that are not in the job —
+/// restarted after a loss — join it, and the controller may grow onto them.
 asio::awaitable<TransitionOutcome> drive_job(const JobRequest& request, const std::vector<NodeAddress>& nodes,
                                             int devices_per_node, std::uint64_t device_capacity, const std::string& token,
-                                            std::function<bool(int)> membership = {});
+                                            std::function<bool(int)> membership = {},
+                                            std::function<std::vector<NodeAddress>()> roster = {});
 
 /// One node's part of a job, answering the coordinator on one channel.
 class NodeJob final : public NodePart {
