@@ -26,17 +26,63 @@ struct Point {
   int b = -1;
 };
 
-/// Non-dominated points (by time, then memory and, when `by_gpus`, GPU count).
-std::vector<Point> pareto(std::vector<Point> v, bool by_gpus) {
-  std::sort(v.begin(), v.end(), [](const Point& p, const Point& q) {
-    return std::tie(p.t, p.r, p.x, p.g) < std::tie(q.t, q.r, q.x, q.g);
-  });
+/// The (r, x) points seen so far, as their lower-left staircase: r ascending, x strictly
+/// descending. A point is covered when one seen has r' ≤ r and x' ≤ x.
+class Staircase {
+ public:
+  bool covers(double r, double x) const {
+    const auto after = std::upper_bound(r_.begin(), r_.end(), r);  // the last r' ≤ r has the least x'
+    return after != r_.begin() && x_[static_cast<std::size_t>(after - r_.begin()) - 1] <= x;
+  }
+  /// Adds a point it does not cover; drops the points the new one covers.
+  void add(double r, double x) {
+    const auto at = static_cast<std::size_t>(std::lower_bound(r_.begin(), r_.end(), r) - r_.begin());
+    std::size_t end = at;
+    while (end < x_.size() && x_[end] >= x) ++end;
+    r_.erase(r_.begin() + static_cast<std::ptrdiff_t>(at), r_.begin() + static_cast<std::ptrdiff_t>(end));
+    x_.erase(x_.begin() + static_cast<std::ptrdiff_t>(at), x_.begin() + static_cast<std::ptrdiff_t>(end));
+    r_.insert(r_.begin() + static_cast<std::ptrdiff_t>(at), r);
+    x_.insert(x_.begin() + static_cast<std::ptrdiff_t>(at), x);
+  }
+
+ private:
+  std::vector<double> r_, x_;
+};
+
+/// Non-dominated points (by time, then memory and, when `by_gpus`, GPU count). In time
+/// order, a point is kept unless one kept before has no more memory (and GPUs): one
+/// staircase per GPU count, so a check costs a binary search per smaller count rather
+/// than a scan of everything kept (this runs on every replan). Sorts `v` in place.
+bool before(const Point& p, const Point& q) {
+  if (p.t != q.t) return p.t < q.t;
+  if (p.r != q.r) return p.r < q.r;
+  if (p.x != q.x) return p.x < q.x;
+  return p.g < q.g;
+}
+
+/// pareto() of points already in before() order.
+std::vector<Point> pareto_sorted(const std::vector<Point>& v, bool by_gpus);
+
+std::vector<Point> pareto(std::vector<Point>& v, bool by_gpus) {
+  std::sort(v.begin(), v.end(), before);
+  return pareto_sorted(v, by_gpus);
+}
+
+std::vector<Point> pareto_sorted(const std::vector<Point>& v, bool by_gpus) {
+  std::vector<std::pair<int, Staircase>> seen;  // by GPU count, ascending (one entry without by_gpus)
   std::vector<Point> kept;
   for (const Point& p : v) {
-    const bool dominated = std::any_of(kept.begin(), kept.end(), [&](const Point& k) {
-      return k.r <= p.r && k.x <= p.x && (!by_gpus || k.g <= p.g);
-    });
-    if (!dominated) kept.push_back(p);
+    const int g = by_gpus ? p.g : 0;
+    bool dominated = false;
+    for (const auto& [count, stairs] : seen) {
+      if (count > g) break;
+      if ((dominated = stairs.covers(p.r, p.x))) break;
+    }
+    if (dominated) continue;
+    kept.push_back(p);
+    auto at = std::lower_bound(seen.begin(), seen.end(), g, [](const auto& e, int c) { return e.first < c; });
+    if (at == seen.end() || at->first != g) at = seen.insert(at, {g, Staircase{}});
+    at->second.add(p.r, p.x);
   }
   return kept;
 }
@@ -143,7 +189,8 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
     for (const ModelStage& s : phases[p]) {
       evals[p].push_back(evaluate(model, s, gpus, w, o, budget));
       out.candidates += evals[p].back().candidates.size();
-      fronts[p].push_back(pareto(evals[p].back().points, true));
+      std::vector<Point> points = evals[p].back().points;
+      fronts[p].push_back(pareto(points, true));
       out.frontier += fronts[p].back().size();
       if (fronts[p].back().empty()) {
         out.reason = "no layout of " + s.name() + " fits " + std::to_string(gpus) + " GPUs of " +
@@ -223,6 +270,10 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
     }
   }
 
+  // The combinations before pruning, in a buffer kept between calls: thousands of points
+  // a replan, freed and allocated again otherwise (heap growth and trimming showed as a
+  // sixth of a replan's time).
+  thread_local std::vector<Point> scratch;
   // Within a phase: stages side by side. levels[p][k] = Pareto set after k+1 stages.
   std::vector<std::vector<std::vector<Point>>> levels(phases.size());
   std::vector<std::vector<Point>> phase_sets(phases.size());
@@ -231,27 +282,48 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
     for (std::size_t i = 0; i < cur.size(); ++i) cur[i].b = static_cast<int>(i), cur[i].a = -1;
     levels[p].push_back(cur);
     for (std::size_t k = 1; k < fronts[p].size(); ++k) {
-      std::vector<Point> next;
+      std::vector<Point>& next = scratch;
+      next.clear();
       const auto& prev = levels[p].back();
-      for (std::size_t i = 0; i < prev.size(); ++i)
-        for (std::size_t j = 0; j < fronts[p][k].size(); ++j) {
-          const Point& u = prev[i];
-          const Point& v = fronts[p][k][j];
-          if (u.g + v.g > gpus || std::max(u.r, v.r) + std::max(u.x, v.x) > budget) continue;
-          next.push_back({std::max(u.t, v.t), std::max(u.r, v.r), std::max(u.x, v.x), u.g + v.g, static_cast<int>(i),
-                          static_cast<int>(j)});
+      const auto& front = fronts[p][k];
+      auto pair = [&](std::size_t i, std::size_t j) {
+        const Point& u = prev[i];
+        const Point& v = front[j];
+        if (u.g + v.g > gpus || std::max(u.r, v.r) + std::max(u.x, v.x) > budget) return;
+        next.push_back({std::max(u.t, v.t), std::max(u.r, v.r), std::max(u.x, v.x), u.g + v.g, static_cast<int>(i),
+                        static_cast<int>(j)});
+      };
+      // Both sets are in time order and a pair takes the later time: pairing each point
+      // with the other set's points before it yields the pairs in time order, once each,
+      // so only runs of equal time need sorting (no sort of the whole product).
+      for (std::size_t i = 0, j = 0; i < prev.size() || j < front.size();) {
+        if (j == front.size() || (i < prev.size() && prev[i].t <= front[j].t)) {
+          for (std::size_t b = 0; b < j; ++b) pair(i, b);
+          ++i;
+        } else {
+          for (std::size_t a = 0; a < i; ++a) pair(a, j);
+          ++j;
         }
-      levels[p].push_back(pareto(std::move(next), true));
+      }
+      for (std::size_t lo = 0; lo < next.size();) {
+        std::size_t hi = lo + 1;
+        while (hi < next.size() && next[hi].t == next[lo].t) ++hi;
+        if (hi - lo > 1) std::sort(next.begin() + static_cast<std::ptrdiff_t>(lo), next.begin() + static_cast<std::ptrdiff_t>(hi), before);
+        lo = hi;
+      }
+      // GPU counts matter only while stages are still to be added (the pool's limit).
+      levels[p].push_back(pareto_sorted(next, k + 1 < fronts[p].size()));
     }
     std::vector<Point> ph = levels[p].back();
     for (std::size_t i = 0; i < ph.size(); ++i) ph[i].a = static_cast<int>(i), ph[i].g = 0;
-    phase_sets[p] = pareto(std::move(ph), false);
+    phase_sets[p] = pareto(ph, false);
   }
   // Across phases: one after another on the same GPUs.
   std::vector<std::vector<Point>> chain{phase_sets[0]};
   for (std::size_t i = 0; i < chain[0].size(); ++i) chain[0][i].b = static_cast<int>(i), chain[0][i].a = -1;
   for (std::size_t p = 1; p < phases.size(); ++p) {
-    std::vector<Point> next;
+    std::vector<Point>& next = scratch;
+    next.clear();
     for (std::size_t i = 0; i < chain.back().size(); ++i)
       for (std::size_t j = 0; j < phase_sets[p].size(); ++j) {
         const Point& u = chain.back()[i];
@@ -260,7 +332,7 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
         if (r + x > budget) continue;
         next.push_back({u.t + v.t, r, x, 0, static_cast<int>(i), static_cast<int>(j)});
       }
-    chain.push_back(pareto(std::move(next), false));
+    chain.push_back(pareto(next, false));
   }
   if (chain.back().empty()) {
     out.reason = "the model-stages fit one by one but not together on " + std::to_string(gpus) + " GPUs";
