@@ -3,8 +3,9 @@
 
 Each cycle starts three daemons (the coordinator is node 0), runs a job of three steps
 across them (`nereus cluster job`: load, a plan change through the global transition
-graph, two more steps of the controller, the check of every unit), and at a random moment
-SIGKILLs or SIGSTOPs node 1 or node 2. The job's plans keep every model-stage on two nodes
+graph, two more steps, the check of every unit), and at a random moment of the job (from
+the coordinator taking it, over the undisturbed job's length) SIGKILLs or SIGSTOPs node 1
+or node 2. The job's plans keep every model-stage on two nodes
 or more (tests/daemon_harness.py), so whatever the moment, nothing the survivors hold may
 be lost: the job must recover and verify every unit. A cycle counts as
 
@@ -69,6 +70,17 @@ def start_cluster(nereusd, nereus, token, work, cycle, procs):
     raise RuntimeError("three daemons did not join within 60 s")
 
 
+def begun(coordinator_log, timeout=60):
+    """Waits for the coordinator to log that it took a job; returns the time it saw it."""
+    end = time.time() + timeout
+    while time.time() < end:
+        coordinator_log.seek(0)
+        if re.search(r"request \d+: job begins", coordinator_log.read()):
+            return time.time()
+        time.sleep(0.01)
+    raise RuntimeError("the coordinator did not take the job within 60 s")
+
+
 def job_command(nereus, addr, token):
     return [nereus, "cluster", "job", "--coordinator", addr, "--token-file", token, "--job", "ppo-tiny", "--json",
             "--plan", json.dumps(JOB_SPREAD), "--to", json.dumps(JOB_SPREAD_TO), "--steps", "3", "--step-seconds", "0.3",
@@ -93,10 +105,12 @@ def main():
     try:
         # One undisturbed cycle: the job's length (kills land inside it) and its bytes.
         procs = []
-        addr, _, _ = start_cluster(nereusd, nereus, token, work, 0, procs)
-        t0 = time.time()
-        r = subprocess.run(job_command(nereus, addr, token), capture_output=True, text=True, timeout=limit)
+        addr, daemons, logs = start_cluster(nereusd, nereus, token, work, 0, procs)
+        job = subprocess.Popen(job_command(nereus, addr, token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        t0 = begun(logs[0])
+        stdout, stderr = job.communicate(timeout=limit)
         length = time.time() - t0
+        r = subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
         stop_all(procs)
         clean = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
         if r.returncode != 0 or clean.get("verified") is not True:
@@ -111,6 +125,7 @@ def main():
             sig = rng.choice((signal.SIGKILL, signal.SIGSTOP))
             delay = rng.uniform(0, length)
             job = subprocess.Popen(job_command(nereus, addr, token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            begun(logs[0])  # the moment counts from the coordinator taking the job
             time.sleep(delay)
             struck = time.time()
             daemons[victim].send_signal(sig)

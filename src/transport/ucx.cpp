@@ -161,7 +161,7 @@ struct UcxTransport::Impl {
 };
 
 UcxTransport::UcxTransport(asio::io_context& io, UcxOptions options)
-    : impl_(std::make_unique<Impl>(io, std::move(options))) {
+    : impl_(std::make_shared<Impl>(io, std::move(options))) {
   ucp_config_t* cfg = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &cfg); s != UCS_OK)
     throw Error("ucx: cannot read configuration: " + ucs(s));
@@ -188,8 +188,12 @@ UcxTransport::UcxTransport(asio::io_context& io, UcxOptions options)
   }
   impl_->efd.assign(::dup(fd));  // Asio owns (and closes) its own copy
   impl_->loops = 2;
-  asio::co_spawn(io, impl_->progress_loop(), asio::detached);
-  asio::co_spawn(io, impl_->tick_loop(), asio::detached);
+  // Each loop holds the Impl: after the destructor (stopping set, worker gone) a loop that
+  // resumes sees `stopping` before touching UCX and exits; the Impl goes with the last.
+  asio::co_spawn(io, [](std::shared_ptr<Impl> self) -> asio::awaitable<void> { co_await self->progress_loop(); }(impl_),
+                 asio::detached);
+  asio::co_spawn(io, [](std::shared_ptr<Impl> self) -> asio::awaitable<void> { co_await self->tick_loop(); }(impl_),
+                 asio::detached);
 }
 
 namespace {

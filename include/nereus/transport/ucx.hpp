@@ -19,7 +19,10 @@
 // - shutdown() (on the event loop): our requests are cancelled and progressed until they
 //   complete (bounded), then the progress loops stop. The destructor then destroys rkeys,
 //   closes our endpoints (forced, bounded), destroys the worker, unmaps every region and
-//   cleans up the context, in that order.
+//   cleans up the context, in that order. Destroyed without shutdown() (its owner's
+//   coroutine cancelled mid-close, as when a daemon stops), the loops may still be
+//   suspended: they hold the transport's state, see it stopping when they resume, and
+//   exit without touching UCX (a use after free under ASan before, in benches/soak.sh).
 // - Quarantine: when a peer may have died or frozen with work in flight (a request ended
 //   with an error or was cut short, an endpoint failed, a close or a request did not
 //   finish in time, or the owner called quarantine() after aborting work), requests may
@@ -87,7 +90,9 @@ class UcxTransport final : public Transport, public ArenaSource {
 
  private:
   void close_endpoints(std::chrono::milliseconds limit);
-  std::unique_ptr<Impl> impl_;
+  // Shared with the progress and tick loops: a transport destroyed without shutdown() (its
+  // owner's coroutine cancelled mid-close) must not free what a suspended loop resumes into.
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace nereus
