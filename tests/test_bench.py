@@ -42,6 +42,19 @@ with tempfile.TemporaryDirectory() as d:
             if extra:
                 check({e["args"]["process"] for e in xs} == {0, 1}, "perfetto: both workers' transfers merged")
 
+# The JSON's transports: every copied byte under the transport that moved it, by the
+# executors' own rule (with --procs 2, devices 0-1 are worker 0's: a copy between them is
+# local, not ucx).
+for extra, names in [(["--transport", "local"], {"local", "local copy"}), (["--transport", "ucx"], {"ucx", "local copy"}),
+                     (["--transport", "ucx", "--procs", "2"], {"local", "ucx", "local copy"})]:
+    rc, j, err = bench("--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=1,dp=4", "--train",
+                       "--repeat", "1", *extra)
+    t = j.get("transports", {})
+    total = sum(v.get("bytes", 0) for v in t.values())
+    check(rc == 0 and set(t) == names and total == j.get("moved_bytes", 0) + j.get("local_bytes", 0) - j.get("kept_bytes", 0)
+          and all(v.get("gbps", 0) > 0 for v in t.values()),
+          f"bench JSON transports {extra}: {sorted(t)}, {total} bytes ({err.strip()[-200:]})")
+
 # Local transport, training slots, fused packing, explicit PP partition.
 for model, src, dst in [("tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=2,dp=1,partition=2/4"),
                         ("tiny-qwen2-tied", "tp=2,pp=2,dp=1", "tp=4,pp=1,dp=2,packing=fused"),

@@ -329,6 +329,9 @@ try:
     j = wait_status(addr, lambda j: j.get("alive") == 3)
     rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--train", "--verify")
     check(rc == 0 and j.get("verified") is True, f"after the restart, a transition over all three nodes verifies ({err.strip()[-300:]})")
+    t = j.get("transports", {})
+    check(set(t) == {"ucx"} and t["ucx"]["bytes"] == sum(l["bytes"] for l in j.get("links", [])),
+          f"the daemons bench's transports: the new replicas on nodes 1 and 2 pull from node 0 over ucx ({t})")
 
     # A job across the daemons: the coordinator runs the controller, loads the units
     # (filled), compiles the global transition graph and runs it node by node; every

@@ -1,6 +1,7 @@
 #pragma once
 // `nereus bench transition`: fill the source shards, run a transition for real R times,
 // time it, verify and dump the destination shards (interfaces.md).
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -50,12 +51,27 @@ double memcpy_gbps(unsigned threads);
 json timings_json(const std::vector<TransferTiming>& timings);
 /// Whether the last run's transfers are wanted (--perfetto or --plot).
 inline bool wants_timings(const TransitionConfig& c) { return !c.perfetto.empty() || !c.plot.empty(); }
+
+/// How the bench's executors moved each transfer, by the rule they bind with: "local copy"
+/// inside a device, "local" between devices one process owns (one node with --daemons),
+/// "ucx" between processes, or between any two devices of one process with --transport ucx
+/// (which sends its links through UCX).
+struct TransferLabels {
+  std::function<int(int)> owner;  ///< device → the process (node) that owns it
+  bool links_remote = false;      ///< every link through the remote transport
+  std::string operator()(int src, int dst) const;
+};
+/// The labels for a run of `c` over `p`'s devices; `devices_per_node` with --daemons.
+TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node = 0);
+/// {transport: {bytes, gbps}} of the last run's transfers; GB/s over the span from the
+/// transport's first transfer's start to its last one's end.
+json transports_json(const TransferLabels& labels, const std::map<int, json>& timings);
 /// Writes the last run's transfers where the flags ask. --perfetto: a Perfetto timeline, a
 /// track per destination device and one per link (source → destination), each transfer
 /// with its bytes, transport and the reshard it belongs to. --plot: an SVG of each link's
 /// GB/s over the run. `timings`: per process (rank → timings_json); the processes' clocks
 /// are taken as aligned at the run's start (the parent starts them together).
-void write_transfer_outputs(const TransitionConfig& c, const std::map<int, json>& timings);
+void write_transfer_outputs(const TransitionConfig& c, const TransferLabels& labels, const std::map<int, json>& timings);
 /// Prints the result (JSON or a readable summary); returns the exit code.
 int report(const TransitionConfig& c, const Prepared& p, nlohmann::json result);
 

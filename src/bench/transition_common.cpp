@@ -14,6 +14,7 @@
 #include "nereus/base/svg.hpp"
 #include "nereus/plan/geometry.hpp"
 #include "nereus/base/trace_events.hpp"
+#include "nereus/runtime/participant.hpp"
 #include "transition_bench.hpp"
 
 namespace nereus::bench {
@@ -48,7 +49,7 @@ void write_text(const std::string& path, const std::string& text, const char* fl
   if (!out) throw Error(std::string(flag) + ": cannot write '" + path + "'");
 }
 
-std::string transfer_trace(const TransitionConfig& c, const std::map<int, json>& timings) {
+std::string transfer_trace(const TransitionConfig& c, const TransferLabels& labels, const std::map<int, json>& timings) {
   TraceEvents trace;
   // One group of device tracks per process (per node with --daemons), then the links.
   const bool several = timings.size() > 1;
@@ -61,7 +62,7 @@ std::string transfer_trace(const TransitionConfig& c, const std::map<int, json>&
   const std::vector<Moved> moved = moved_of(timings, &process);
   for (std::size_t i = 0; i < moved.size(); ++i) {
     const Moved& m = moved[i];
-    const std::string transport = m.src == m.dst ? "local copy" : c.transport == "ucx" ? "ucx" : "local";
+    const std::string transport = labels(m.src, m.dst);
     const json args = {{"bytes", m.bytes}, {"transport", transport}, {"src", m.src}, {"dst", m.dst}, {"process", process[i]}, {"reshard", reshard}};
     const std::string name = human_bytes(m.bytes) + " " + std::to_string(m.src) + " → " + std::to_string(m.dst);
     trace.complete(several ? 10 + process[i] : 1, "device " + std::to_string(m.dst), name, m.start, m.end - m.start, args);
@@ -140,8 +141,45 @@ std::string link_plot(const TransitionConfig& c, const std::map<int, json>& timi
 
 }  // namespace
 
-void write_transfer_outputs(const TransitionConfig& c, const std::map<int, json>& timings) {
-  if (!c.perfetto.empty()) write_text(c.perfetto, transfer_trace(c, timings), "--perfetto");
+std::string TransferLabels::operator()(int src, int dst) const {
+  if (src == dst) return "local copy";
+  return links_remote || owner(src) != owner(dst) ? "ucx" : "local";
+}
+
+TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node) {
+  if (!c.daemons.empty()) {
+    const int per = std::max(1, devices_per_node);
+    return {[per](int d) { return d / per; }, false};
+  }
+  if (c.procs > 1) {
+    std::map<int, int> owner;
+    for (int r = 0; r < c.procs; ++r)
+      for (DeviceId d : devices_of(p.devices, r, c.procs)) owner[static_cast<int>(d)] = r;
+    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false};
+  }
+  return {[](int) { return 0; }, c.transport == "ucx"};
+}
+
+json transports_json(const TransferLabels& labels, const std::map<int, json>& timings) {
+  struct Span {
+    std::uint64_t bytes = 0;
+    double start = 1e300, end = 0;
+  };
+  std::map<std::string, Span> by;
+  for (const Moved& m : moved_of(timings)) {
+    Span& s = by[labels(m.src, m.dst)];
+    s.bytes += m.bytes;
+    s.start = std::min(s.start, m.start);
+    s.end = std::max(s.end, m.end);
+  }
+  json out = json::object();
+  for (const auto& [name, s] : by)
+    out[name] = {{"bytes", s.bytes}, {"gbps", s.end > s.start ? static_cast<double>(s.bytes) / (s.end - s.start) / 1e9 : 0.0}};
+  return out;
+}
+
+void write_transfer_outputs(const TransitionConfig& c, const TransferLabels& labels, const std::map<int, json>& timings) {
+  if (!c.perfetto.empty()) write_text(c.perfetto, transfer_trace(c, labels, timings), "--perfetto");
   if (!c.plot.empty()) write_text(c.plot, link_plot(c, timings), "--plot");
 }
 

@@ -34,11 +34,12 @@ int run_on_daemons(const TransitionConfig& in) {
     throw Error("the coordinator's report is not JSON");
   }
   c.procs = j.value("procs", 1);
+  const TransferLabels labels = transfer_labels(c, p, j.value("devices_per_node", 1));
   if (j.contains("timings")) {  // every node's transfers, already on the coordinator's clock
     std::map<int, json> timings;
     for (const auto& [rank, list] : j["timings"].items()) timings[std::stoi(rank)] = list;
     j.erase("timings");
-    write_transfer_outputs(c, timings);
+    write_transfer_outputs(c, labels, timings);
   }
   return report(c, p, std::move(j));
 }

@@ -129,7 +129,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
   for (int i = 0; i < c.repeat && error.empty(); ++i) {
     const auto t0 = clock::now();
     {
-      const json msg = {{"type", "run"}, {"iteration", i}};
+      const json msg = {{"type", "run"}, {"iteration", i}, {"last", i + 1 == c.repeat}};
       co_await broadcast(msg);
     }
     auto done = co_await gather("done", deadline());
@@ -143,7 +143,11 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
       if (m.contains("timings")) timings[r] = m["timings"];
     }
     last_done = {{"link_bytes", link}, {"local_bytes", local}};
-    if (wants_timings(c) && error.empty() && i + 1 == c.repeat) write_transfer_outputs(c, timings);
+    if (error.empty() && i + 1 == c.repeat) {
+      const TransferLabels labels = transfer_labels(c, p);
+      if (wants_timings(c)) write_transfer_outputs(c, labels, timings);
+      last_done["transports"] = transports_json(labels, timings);
+    }
     progress.update(i + 1);
   }
   progress.finish();
@@ -166,6 +170,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
   } else {
     const auto copied = last_done["link_bytes"].get<std::uint64_t>() + last_done["local_bytes"].get<std::uint64_t>();
     out.update(run_figures(p, secs, copied));
+    if (last_done.contains("transports")) out["transports"] = last_done["transports"];
     out["verified"] = nullptr;
     if (c.verify) {
       {

@@ -90,8 +90,11 @@ int run_single_process(const TransitionConfig& c) {
   io.restart();
   io.poll();  // lets the ticker see the cancellation and end
   progress.finish();
-  if (wants_timings(c)) write_transfer_outputs(c, {{0, timings_json(last.timings)}});
+  const TransferLabels labels = transfer_labels(c, p);
+  const std::map<int, json> timings{{0, timings_json(last.timings)}};
+  if (wants_timings(c)) write_transfer_outputs(c, labels, timings);
   nlohmann::json out = run_figures(p, secs, last.link_bytes + last.local_bytes);
+  out["transports"] = transports_json(labels, timings);
   const double copied = static_cast<double>(last.link_bytes + last.local_bytes);
   const double median = out["seconds_median"];
   out["units_committed"] = last.commits.size();

@@ -68,7 +68,8 @@ asio::awaitable<void> serve(const TransitionConfig& c, asio::io_context& io, Soc
         doom.expires_after(std::chrono::milliseconds(3));
         doom.async_wait([](auto) { ::raise(SIGKILL); });
       }
-      part.run([&control, &c](RunResult r) -> asio::awaitable<void> {
+      const bool last = m.value("last", false);  // its transfers travel back (the report's transports)
+      part.run([&control, &c, last](RunResult r) -> asio::awaitable<void> {
         json msg = r.ok ? json{{"type", "done"},
                                {"seconds", r.report.seconds},
                                {"link_bytes", r.report.link_bytes},
@@ -76,7 +77,7 @@ asio::awaitable<void> serve(const TransitionConfig& c, asio::io_context& io, Soc
                                {"transfers", r.report.timings.size()},
                                {"commits", r.report.commits.size()}}
                         : json{{"type", "failed"}, {"error", r.error}};
-        if (r.ok && wants_timings(c)) msg["timings"] = timings_json(r.report.timings);
+        if (r.ok && (last || wants_timings(c))) msg["timings"] = timings_json(r.report.timings);
         co_await send(control, msg);
       });
     } else if (t == "abort") {

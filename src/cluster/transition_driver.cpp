@@ -135,7 +135,7 @@ class Driver {
     std::vector<double> secs;
     double detected = 0;
     RunDone last{};
-    json link_stats = json::array();
+    json link_stats = json::array(), transport_stats = json::object();
     json timings;
     for (int i = 0; i < spec_.repeat && error_.empty(); ++i) {
       const auto t0 = clock::now();
@@ -151,6 +151,7 @@ class Driver {
         last.local_bytes += d.local_bytes;
       }
       link_stats = links(done);
+      transport_stats = transports(done);
       if (spec_.timings) timings = on_coordinator_clock(done, origin);
     }
     out["clocks"] = clocks();
@@ -169,6 +170,7 @@ class Driver {
       out.update(run_figures(p, secs, last.link_bytes + last.local_bytes));
       out["verified"] = nullptr;
       out["links"] = link_stats;
+      out["transports"] = transport_stats;
       if (spec_.timings) out["timings"] = timings;
       if (spec_.verify) {
         const Body verify = Verify{false};
@@ -265,6 +267,18 @@ class Driver {
     return out;
   }
 
+  /// The last run's bytes and GB/s per transport: "local copy" inside a device, "local"
+  /// between a node's devices, "ucx" between nodes.
+  json transports(const std::map<int, RunDone>& done) const {
+    std::map<std::string, LinkSpan> spans;
+    for (const auto& [rank, d] : done)
+      for (const Timing& t : d.timings)
+        spans[t.src == t.dst ? "local copy" : t.src / per_node_ == t.dst / per_node_ ? "local" : "ucx"].add(t);
+    json out = json::object();
+    for (const auto& [name, s] : spans) out[name] = {{"bytes", s.bytes}, {"gbps", s.gbps()}};
+    return out;
+  }
+
   const TransitionSpec& spec_;
   int per_node_;
   Inbox inbox_;
@@ -315,6 +329,7 @@ asio::awaitable<TransitionOutcome> drive_transition(const TransitionSpec& spec, 
   }
   co_await driver.close();
   out["procs"] = use.size();
+  out["devices_per_node"] = devices_per_node;
   json ranks = json::array();
   for (const auto& n : use) ranks.push_back(n.rank);
   out["nodes"] = ranks;
