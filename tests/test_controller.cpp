@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "nereus/control/controller.hpp"
+#include "nereus/control/planner.hpp"
 #include "nereus/core/presets.hpp"
 #include "nereus/sim/simulator.hpp"
 #include "nereus/sim/truth.hpp"
@@ -106,6 +107,29 @@ TEST_CASE("controller: when no plan fits the GPUs left, the current layouts go o
     CHECK(spec.layout.tp == plan.find(name)->layout.tp);
     CHECK(spec.layout.pp == plan.find(name)->layout.pp);
   }
+}
+
+TEST_CASE("controller: when S* does not pay back, a cheaper candidate that does is admitted") {
+  // cluster-3, 8 -> 16 GPUs and responses 256 -> 2,048 tokens: S* is a little faster than
+  // the current layouts with DP scaled to the pool, but its transition costs far more.
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  Controller ctl(job, load_cluster("paper-cluster-3-h200"));
+  const GlobalPlan plan = ctl.initial({0, 8, 256, 256, 1});
+  const Signals next{1, 16, 2048, 2048, 1};
+  const Decision d = ctl.decide(next, plan);
+  const PlanChoice best = plan_job(ctl.model(), job, 16, ctl.workload(next), {});
+  REQUIRE(best.feasible);
+  const TransitionGraph to_best = ctl.transition(plan, best.plan, next);
+  const double gain = d.current_seconds - best.step_seconds, gamma = ControllerOptions{}.gamma;
+  CHECK(to_best.feasibility.ok);
+  CHECK(gain > 0);
+  CHECK(to_best.summary.l_tran_seconds / gain > gamma * d.horizon_steps);  // S* alone would be rejected
+  REQUIRE(d.admitted);
+  CHECK(plan_text(d.target) != plan_text(best.plan));
+  CHECK(plan_text(d.target) == plan_text(ctl.rescale(plan, 16)));
+  CHECK(d.transition_seconds < to_best.summary.l_tran_seconds);
+  CHECK(d.transition_seconds / (d.current_seconds - d.target_seconds) <= gamma * d.horizon_steps);
+  CHECK(has(d.why, "pays back"));
 }
 
 TEST_CASE("controller: memory is planned for the longest p95 of the recent steps") {
