@@ -4,6 +4,7 @@
 // of them reported its bytes landed; a lost node stops the run, and the interpreter
 // leaves every model-stage only units with no GPU on a lost node.
 #include <algorithm>
+#include <set>
 
 #include "job_graph_run.hpp"
 #include "nereus/base/error.hpp"
@@ -52,8 +53,39 @@ class DaemonUnits final : public UnitSpace {
     co_return bytes;
   }
 
-  asio::awaitable<void> free(UnitId id) override { co_await d_.release(static_cast<std::uint32_t>(id)); }
+  asio::awaitable<void> free(UnitId id) override {
+    freed_.insert(id);
+    co_await d_.release(static_cast<std::uint32_t>(id));
+  }
   bool intact(UnitId id) const override { return d_.intact(static_cast<std::uint32_t>(id)); }
+
+  /// A destroy that would leave a model's state on one node only, where it was on two or
+  /// more, waits while a build of that state can still add a node: the graph keeps one
+  /// live copy, and across daemons one copy per node is what survives losing a node
+  /// (benches/soak.sh lost a model-stage that way). It waits only for builds that depend,
+  /// directly or not, on no destroy numbered from its own on: the lowest-numbered waiting
+  /// destroy waits only on builds whose edges can all finish, so no wait is circular.
+  bool may_start(const GraphRun& run, std::uint32_t x) const override {
+    const GraphNode& n = g_.nodes[x];
+    if (n.is_build()) return true;
+    const UnitId id = run.unit(n.unit);
+    std::set<int> before, after;
+    std::vector<std::uint32_t> pending;  // builds of the state not committed yet
+    const auto& stages = d_.stages();
+    for (std::size_t k = 0; k < stages.size(); ++k) {
+      if (!stages[k].holds_state_of(stages[n.unit.stage])) continue;
+      for (std::uint32_t u = 0; u < g_.from[k].units.size(); ++u) add_holder(run.unit({static_cast<std::uint16_t>(k), false, u}), id, before, after);
+      for (std::uint32_t u = 0; u < g_.to[k].units.size(); ++u) add_holder(run.unit({static_cast<std::uint16_t>(k), true, u}), id, before, after);
+    }
+    if (after.size() >= 2 || after.size() >= before.size()) return true;
+    for (std::uint32_t b = 0; b < g_.nodes.size(); ++b) {
+      const GraphNode& m = g_.nodes[b];
+      if (m.is_build() && stages[m.unit.stage].holds_state_of(stages[n.unit.stage]) && run.unit(m.unit) == 0 &&
+          last_destroy(b) < static_cast<long>(x))
+        return false;
+    }
+    return true;
+  }
 
   /// Aborts the nodes' builds, then gives up on builds that would not stop.
   asio::awaitable<void> stopping() override {
@@ -88,6 +120,26 @@ class DaemonUnits final : public UnitSpace {
   }
 
  private:
+  /// Adds the nodes of a live unit (0: not built) to `before`, and to `after` unless it is `leaving`.
+  void add_holder(UnitId unit, UnitId leaving, std::set<int>& before, std::set<int>& after) const {
+    if (unit == 0 || freed_.contains(unit)) return;
+    const std::vector<int> nodes = d_.nodes_of_unit(static_cast<std::uint32_t>(unit));
+    if (nodes.empty() || !d_.intact(static_cast<std::uint32_t>(unit))) return;
+    for (int node : nodes) {
+      before.insert(node);
+      if (unit != leaving) after.insert(node);
+    }
+  }
+
+  /// The highest-numbered destroy node x waits on, directly or not; -1: none.
+  long last_destroy(std::uint32_t x) const {
+    if (auto it = last_destroy_.find(x); it != last_destroy_.end()) return it->second;
+    long last = -1;
+    for (const Edge& e : g_.nodes[x].after)
+      last = std::max({last, g_.nodes[e.node].is_build() ? -1L : static_cast<long>(e.node), last_destroy(e.node)});
+    return last_destroy_[x] = last;
+  }
+
   Emu on_devices(const Emu& e) const {
     Emu out = e;
     for (DeviceId& gpu : out.gpus) gpu = pool_.device(gpu);
@@ -98,6 +150,8 @@ class DaemonUnits final : public UnitSpace {
   const TransitionGraph& g_;
   const Pool& pool_;
   std::size_t lost_before_;  // nodes lost before this run
+  std::set<UnitId> freed_;
+  mutable std::map<std::uint32_t, long> last_destroy_;
   std::map<std::pair<int, int>, LinkSpan> links_;
 };
 

@@ -87,6 +87,11 @@ class JobDriver {
   void check_recoverable() const;
   /// Whether none of the unit's GPUs is on a lost node.
   bool intact(std::uint32_t id) const;
+  /// The nodes that hold part of unit `id` (none for a unit no longer recorded).
+  std::vector<int> nodes_of_unit(std::uint32_t id) const {
+    const auto it = units_.find(id);
+    return it == units_.end() ? std::vector<int>{} : nodes_of(it->second.emu);
+  }
   /// Tells every alive node to cancel its running builds.
   asio::awaitable<void> abort_builds();
   /// Requests still waiting for a reply end at once (after abort_builds: what still runs

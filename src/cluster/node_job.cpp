@@ -6,6 +6,7 @@
 #include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 #include "nereus/core/global_plan.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/executor.hpp"
@@ -110,10 +111,16 @@ struct NodeJob::State {
     return info;
   }
 
+  /// Connects to every peer it can. A peer that died since it opened the job (its shared
+  /// memory gone) is left unconnected rather than failing this node's part: the coordinator
+  /// loses that peer too, and a build that would read from it fails naming it.
   void connect(const Peers& peers) {
     for (const PeerInfo& w : peers.all) {
       if (w.rank == static_cast<PeerId>(rank)) continue;
-      if (Status st = ucx->connect(w.rank, w.address); !st) throw Error(st.message());
+      if (Status st = ucx->connect(w.rank, w.address); !st) {
+        log(LogLevel::warn, "job", "{}: no endpoint to node {}: {}", me(), w.rank, st.message());
+        continue;
+      }
       for (const auto& reg : w.regions)
         if (Status st = ucx->add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
     }
