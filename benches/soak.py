@@ -101,6 +101,7 @@ def main():
     out = {"cycles": 0, "crashes": 0, "hangs": 0, "verified": 0, "lost_bytes": 0, "misses": 0}
     detect, recover, notes = [], [], []
     detect_by = {"SIGKILL": [], "SIGSTOP": []}
+    phases = {}  # where the job noticed each loss
     limit = 180
     try:
         # One undisturbed cycle: the job's length (kills land inside it) and its bytes.
@@ -172,6 +173,7 @@ def main():
             else:
                 out["misses"] += 1
                 phase = "after the job"
+            phases[phase] = phases.get(phase, 0) + 1
             print(f"soak: {what}: {phase}, {'verified' if rep.get('verified') else 'NOT verified'}", file=sys.stderr)
             if a.keep_logs and (crashed or rep.get("verified") is not True):
                 os.makedirs(a.keep_logs, exist_ok=True)
@@ -189,6 +191,7 @@ def main():
     out["detect_seconds_max"] = round(max(detect), 4) if detect else None
     for name, xs in detect_by.items():  # end of stream vs the heartbeats' silence (--dead-after-ms 1500)
         out[f"detect_seconds_median_{name.lower()}"] = round(statistics.median(xs), 4) if xs else None
+    out["phases"] = phases
     out["recover_seconds_median"] = round(statistics.median(recover), 4) if recover else None
     print(json.dumps(out))
     return 0 if out["crashes"] == 0 and out["hangs"] == 0 and out["verified"] == out["cycles"] else 1

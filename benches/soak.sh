@@ -6,7 +6,8 @@
 # build, NEREUS_SOAK_SEED picks the random moments, NEREUS_SOAK_LOGS=DIR keeps the logs of
 # cycles that failed. Not in CI. Ends with one JSON line: cycles, crashes, hangs, verified
 # (cycles), lost_bytes, misses (signals after the job's end), detect_seconds_median,
-# detect_seconds_max, recover_seconds_median.
+# detect_seconds_max, the median per signal, phases (where the job noticed each loss),
+# recover_seconds_median.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cycles=${1:-50}
