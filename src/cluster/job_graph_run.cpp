@@ -53,10 +53,7 @@ class DaemonUnits final : public UnitSpace {
     co_return bytes;
   }
 
-  asio::awaitable<void> free(UnitId id) override {
-    freed_.insert(id);
-    co_await d_.release(static_cast<std::uint32_t>(id));
-  }
+  asio::awaitable<void> free(UnitId id) override { co_await d_.release(static_cast<std::uint32_t>(id)); }
   bool intact(UnitId id) const override { return d_.intact(static_cast<std::uint32_t>(id)); }
 
   /// A destroy that would leave a model's state on one node only, where it was on two or
@@ -70,7 +67,6 @@ class DaemonUnits final : public UnitSpace {
     if (n.is_build()) return true;
     const UnitId id = run.unit(n.unit);
     std::set<int> before, after;
-    std::vector<std::uint32_t> pending;  // builds of the state not committed yet
     const auto& stages = d_.stages();
     for (std::size_t k = 0; k < stages.size(); ++k) {
       if (!stages[k].holds_state_of(stages[n.unit.stage])) continue;
@@ -120,9 +116,10 @@ class DaemonUnits final : public UnitSpace {
   }
 
  private:
-  /// Adds the nodes of a live unit (0: not built) to `before`, and to `after` unless it is `leaving`.
+  /// Adds the nodes of a live unit to `before`, and to `after` unless it is `leaving`. A
+  /// unit not built (0) or already freed (the driver forgets it on release) adds none.
   void add_holder(UnitId unit, UnitId leaving, std::set<int>& before, std::set<int>& after) const {
-    if (unit == 0 || freed_.contains(unit)) return;
+    if (unit == 0) return;
     const std::vector<int> nodes = d_.nodes_of_unit(static_cast<std::uint32_t>(unit));
     if (nodes.empty() || !d_.intact(static_cast<std::uint32_t>(unit))) return;
     for (int node : nodes) {
@@ -150,7 +147,6 @@ class DaemonUnits final : public UnitSpace {
   const TransitionGraph& g_;
   const Pool& pool_;
   std::size_t lost_before_;  // nodes lost before this run
-  std::set<UnitId> freed_;
   mutable std::map<std::uint32_t, long> last_destroy_;
   std::map<std::pair<int, int>, LinkSpan> links_;
 };
