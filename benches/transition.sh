@@ -3,6 +3,8 @@
 #   local transport vs memcpy (the bench measures memcpy itself),
 #   ucx --procs 2 and --procs 4 (RMA gets) vs `ucx_perftest -t ucp_get` at 64 MiB, the same
 #   operation; `-t tag_bw` as a second reference.
+#   ucx-tag --procs 2 and 4 (two-sided tagged send/recv) vs `ucx_perftest -t tag_bw`, the
+#   same operation.
 #   with --peer: the torch.distributed (gloo) all-gather reshard of benches/peers/ too.
 # usage: benches/transition.sh [--smoke] [--peer]   (NEREUS=path/to/nereus to override)
 set -euo pipefail
@@ -51,6 +53,13 @@ for procs in 2 4; do
   copy=$(echo "$j" | field copy_gbps)
   printf '%-34s %10.4f %10.2f %10.2f %8.2f  (moved / ucp_get)\n' "ucx --procs $procs" \
     "$(echo "$j" | field seconds_median)" "$moved" "$copy" "$(python3 -c "print($moved / $pt if $pt > 0 else 0)")"
+done
+for procs in 2 4; do
+  j=$($nereus bench transition --model $model --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport ucx-tag --procs $procs --repeat $repeat --json)
+  moved=$(echo "$j" | field gbps)
+  copy=$(echo "$j" | field copy_gbps)
+  printf '%-34s %10.4f %10.2f %10.2f %8.2f  (moved / tag_bw)\n' "ucx-tag --procs $procs" \
+    "$(echo "$j" | field seconds_median)" "$moved" "$copy" "$(python3 -c "print($moved / $tag if $tag > 0 else 0)")"
 done
 if $peer; then
   p=$(/usr/bin/python3 benches/peers/torch_gloo_reshard.py --nereus "$nereus" --model $model --from-tp 4 --to-tp 2 --repeat 3)

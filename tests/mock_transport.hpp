@@ -13,7 +13,7 @@ class MockTransport final : public nereus::Transport {
   explicit MockTransport(boost::asio::any_io_executor ex) : ex_(ex) {}
 
   std::string_view name() const override { return "mock"; }
-  nereus::Capabilities capabilities() const override { return {true, true, true, true, memory}; }
+  nereus::Capabilities capabilities() const override { return {true, true, true, true, memory, two_sided}; }
   nereus::Registration register_memory(const nereus::MemoryRegion& r) override { return {r, {}, 0}; }
 
   boost::asio::awaitable<nereus::Status> post(nereus::DescriptorList list) override {
@@ -32,6 +32,7 @@ class MockTransport final : public nereus::Transport {
 
   std::vector<nereus::DescriptorList> posted;
   std::vector<nereus::MemoryKind> memory{nereus::MemoryKind::host};  ///< what it says it moves
+  bool two_sided = false;  ///< whether it says it sends and receives tagged messages
   int posts = 0;
   int in_flight = 0;
   int max_in_flight = 0;

@@ -90,6 +90,15 @@ for procs, model, src, dst in [(2, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused",
                        "--procs", str(procs), "--repeat", "2")
     check(rc == 0 and j.get("verified") is True and j.get("procs") == procs,
           f"ucx --procs {procs} {model} {src} -> {dst} verified ({err.strip()[-300:]})")
+# The same across processes as two-sided tagged messages (both ends post, matched by tag),
+# in one process too (every link a message to itself); small chunks: many messages a link.
+for procs, model, src, dst in [(1, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2"),
+                               (2, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2"),
+                               (4, "tiny-qwen2-tied", "tp=2,pp=2,dp=1,partition=3/2", "tp=4,pp=1,dp=1,packing=fused")]:
+    rc, j, err = bench("--model", model, "--from", src, "--to", dst, "--train", "--verify", "--transport", "ucx-tag",
+                       "--procs", str(procs), "--repeat", "2", "--chunk-bytes", "65536")
+    check(rc == 0 and j.get("verified") is True and j.get("procs") == procs and "ucx-tag" in j.get("transports", {}),
+          f"ucx-tag --procs {procs} {model} {src} -> {dst} verified ({err.strip()[-300:]})")
 with tempfile.TemporaryDirectory() as d:
     rc, j, err = bench("--model", "tiny-qwen2-tied", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=2,dp=1,packing=fused",
                        "--train", "--transport", "ucx", "--procs", "2", "--dump", d, "--repeat", "1")
@@ -129,6 +138,15 @@ check(rc == 1, f"dead worker: exit 1 (rc={rc})")
 check("worker 1" in j.get("error", "") and "signal 9" in j.get("error", ""), f"dead worker named: {j.get('error')}")
 check(j.get("verified_sources") is True, "surviving workers' sources still verify")
 check(0 < j.get("failure_detected_seconds", -1) < 20, f"failure detected within 20 s of the run ({j.get('failure_detected_seconds')})")
+# The same with tagged messages: receives posted for the dead worker's sends are cancelled.
+for procs in (2, 4):
+    rc, j, err = bench("--model", "tiny-llama", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=1,dp=2", "--train",
+                       "--transport", "ucx-tag", "--procs", str(procs), "--repeat", "50", "--inject-kill-worker", "1",
+                       timeout=300)
+    check(rc == 1 and "worker 1" in j.get("error", "") and "signal 9" in j.get("error", ""),
+          f"ucx-tag --procs {procs}, dead worker: exit 1, named ({rc}, {j.get('error')})")
+    check(j.get("verified_sources") is True and 0 < j.get("failure_detected_seconds", -1) < 20,
+          f"ucx-tag --procs {procs}: survivors' sources verify, failure known in {j.get('failure_detected_seconds')} s")
 
 # Bad input.
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
@@ -144,5 +162,9 @@ for extra in [[], ["--transport", "ucx", "--procs", "2"]]:
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--procs", "2"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")
+p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
+                    "tp=1,pp=1,dp=2", "--transport", "ucx-tag", "--daemons", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+check(p.returncode == 1 and "ucx-tag" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+      f"ucx-tag with --daemons refused in one line ({p.stderr.strip()})")
 
 finish("bench")

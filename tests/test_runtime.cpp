@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "mock_transport.hpp"
+#include "runtime_world.hpp"
 #include "run_async.hpp"
 #include "nereus/core/bytes.hpp"
 #include "nereus/base/error.hpp"
@@ -20,43 +21,12 @@ using namespace nereus;
 using testing::error_of;
 using testing::has;
 using testing::run_on;
+using testing::World;
+using testing::coll;
 
 namespace {
 
 
-
-/// Host devices and bound buffers of a single-process transition.
-struct World {
-  std::map<DeviceId, std::unique_ptr<Device>> devices;
-  std::vector<DeviceBuffer> buffers;
-  BufferTable table;
-
-  Device& device(DeviceId d) {
-    auto& p = devices[d];
-    if (!p) p = make_device({MemoryKind::host, d, 64 << 20});
-    return *p;
-  }
-  void bind_all(const ReshardPlan& plan) {
-    std::map<BufferKey, std::uint64_t> sizes;
-    for (const Transfer& t : plan.transfers()) {
-      const auto w = t.bytes / static_cast<std::uint64_t>(t.box.elements());
-      auto need = [&](const BufferView& v) {
-        std::int64_t last = v.view.offset;
-        for (int d = 0; d < t.box.rank; ++d) last += (t.box.dims[d].size() - 1) * v.view.strides[d];
-        return static_cast<std::uint64_t>(last + 1) * w;
-      };
-      auto& s = sizes[{t.source, t.src, t.src_view.buffer, t.slot}];
-      s = std::max(s, need(t.src_view));
-      auto& d = sizes[{kTargetSide, t.dst, t.dst_view.buffer, t.slot}];
-      d = std::max(d, need(t.dst_view));
-    }
-    for (const auto& [key, bytes] : sizes) {
-      buffers.push_back(device(key.device).allocate(bytes, "test"));
-      std::memset(buffers.back().data(), key.side == kTargetSide ? 0 : 0x5a, bytes);
-      table.bind(key, {reinterpret_cast<std::uint64_t>(buffers.back().data()), bytes, 0});
-    }
-  }
-};
 
 // Coroutine bodies are free functions: a capturing lambda coroutine would outlive its
 // closure.
@@ -70,10 +40,6 @@ asio::awaitable<void> tick(int* done, int i) {
 asio::awaitable<void> boom() {
   throw Error("boom");
   co_return;
-}
-
-Collection coll(const std::string& spec, bool train = false) {
-  return Collection::from_spec(load_model("tiny-llama"), "s", parse_collection_spec(spec), train);
 }
 
 }  // namespace
@@ -233,12 +199,7 @@ TEST_CASE("local transport moves real bytes, strided and chunked, through the ex
   const auto transfers = plan.transfers();
   World w;
   w.bind_all(plan);
-  // Source bytes: a per-buffer pattern so misplaced bytes show.
-  for (const auto& [key, b] : w.table.all())
-    if (key.side != kTargetSide) {
-      auto* p = reinterpret_cast<unsigned char*>(b.address);
-      for (std::uint64_t i = 0; i < b.bytes; ++i) p[i] = static_cast<unsigned char>((i * 131 + key.buffer * 7 + key.device) & 0xff);
-    }
+  w.pattern_sources();
   asio::io_context io;
   LocalTransport local({2, 4096});
   ExecutorOptions opt;
@@ -246,21 +207,7 @@ TEST_CASE("local transport moves real bytes, strided and chunked, through the ex
   Executor ex(local, nullptr, [](DeviceId) { return PeerId{0}; }, opt);
   const auto report = run_on(io, ex.run(ex.bind(transfers, plan.target(), w.table)));
   CHECK(report.link_bytes == plan.summary().moved_bytes);
-  // Every destination element equals its source element.
-  for (const Transfer& t : transfers) {
-    const auto* s = reinterpret_cast<const unsigned char*>(w.table.find({t.source, t.src, t.src_view.buffer, t.slot})->address);
-    const auto* d = reinterpret_cast<const unsigned char*>(w.table.find({kTargetSide, t.dst, t.dst_view.buffer, t.slot})->address);
-    const std::uint64_t el = t.bytes / static_cast<std::uint64_t>(t.box.elements());
-    const std::int64_t rows = t.box.dims[0].size(), cols = t.box.rank > 1 ? t.box.dims[1].size() : 1;
-    bool same = true;
-    for (std::int64_t i = 0; i < rows && same; ++i)
-      for (std::int64_t j = 0; j < cols && same; ++j) {
-        const auto so = t.src_view.view.offset + i * t.src_view.view.strides[0] + (t.box.rank > 1 ? j : 0);
-        const auto dof = t.dst_view.view.offset + i * t.dst_view.view.strides[0] + (t.box.rank > 1 ? j : 0);
-        same = std::memcmp(s + so * el, d + dof * el, el) == 0;
-      }
-    CHECK(same);
-  }
+  CHECK(testing::landed_as_planned(transfers, w.table));  // every destination element equals its source
   // No view reaches outside: a second run is byte-identical and sources are untouched.
   CHECK_NOTHROW(run_on(io, ex.run(ex.bind(transfers, plan.target(), w.table))));
 }

@@ -17,7 +17,7 @@ using json = nlohmann::json;
 
 /// The bench's settings: the reshard, plus how to run and report it.
 struct TransitionConfig : ReshardSpec {
-  std::string transport = "local";  ///< local | ucx
+  std::string transport = "local";  ///< local | ucx | ucx-tag (two_sided set to match)
   int procs = 1;
   int repeat = 3;
   bool verify = false;
@@ -59,6 +59,7 @@ inline bool wants_timings(const TransitionConfig& c) { return !c.perfetto.empty(
 struct TransferLabels {
   std::function<int(int)> owner;  ///< device → the process (node) that owns it
   bool links_remote = false;      ///< every link through the remote transport
+  std::string remote = "ucx";     ///< its name: ucx (gets) or ucx-tag (tagged messages)
   std::string operator()(int src, int dst) const;
 };
 /// The labels for a run of `c` over `p`'s devices; `devices_per_node` with --daemons.

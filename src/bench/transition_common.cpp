@@ -143,21 +143,21 @@ std::string link_plot(const TransitionConfig& c, const std::map<int, json>& timi
 
 std::string TransferLabels::operator()(int src, int dst) const {
   if (src == dst) return "local copy";
-  return links_remote || owner(src) != owner(dst) ? "ucx" : "local";
+  return links_remote || owner(src) != owner(dst) ? remote : "local";
 }
 
 TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node) {
   if (!c.daemons.empty()) {
     const int per = std::max(1, devices_per_node);
-    return {[per](int d) { return d / per; }, false};
+    return {[per](int d) { return d / per; }, false, "ucx"};
   }
   if (c.procs > 1) {
     std::map<int, int> owner;
     for (int r = 0; r < c.procs; ++r)
       for (DeviceId d : devices_of(p.devices, r, c.procs)) owner[static_cast<int>(d)] = r;
-    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false};
+    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false, c.transport};
   }
-  return {[](int) { return 0; }, c.transport == "ucx"};
+  return {[](int) { return 0; }, c.transport != "local", c.transport};
 }
 
 json transports_json(const TransferLabels& labels, const std::map<int, json>& timings) {
@@ -184,11 +184,11 @@ void write_transfer_outputs(const TransitionConfig& c, const TransferLabels& lab
 }
 
 Prepared prepare(const TransitionConfig& c) {
-  if (c.transport != "local" && c.transport != "ucx")
-    throw Error("--transport " + c.transport + " is not one of: local, ucx");
+  if (c.transport != "local" && c.transport != "ucx" && c.transport != "ucx-tag")
+    throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag");
   if (c.procs < 1) throw Error("--procs must be at least 1");
   if (c.procs > 1 && c.transport == "local")
-    throw Error("--transport local moves bytes inside one process; use --transport ucx with --procs " + std::to_string(c.procs));
+    throw Error("--transport local moves bytes inside one process; use --transport ucx or ucx-tag with --procs " + std::to_string(c.procs));
   if (c.repeat < 1) throw Error("--repeat must be at least 1");
   Prepared p = prepare_reshard(c);
   if (c.procs > static_cast<int>(p.devices.size()))

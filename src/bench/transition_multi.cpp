@@ -94,7 +94,20 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
       if (t == "failed") {
         if (error.empty()) error = "worker " + std::to_string(r) + ": " + m.value("error", std::string("?"));
         got[r] = m;
-        if (fail_fast) break;
+        if (fail_fast) {
+          // A transport that sees a peer die (tagged sends do) fails before the parent sees
+          // the death: a worker that died meanwhile is the cause, so it is what is named.
+          const auto grace = std::min(until, clock::now() + std::chrono::milliseconds(500));
+          while (std::optional<json> more = co_await inbox.next(grace)) {
+            if ((*more)["type"] != "eof") continue;
+            const int dead = (*more)["rank"].get<int>();
+            kids[dead].alive = false;
+            error = "worker " + std::to_string(dead) + " (pid " + std::to_string(kids[dead].pid) + ") " +
+                    exit_text(kids[dead].pid) + " during '" + std::string(type) + "' (then " + error + ")";
+            break;
+          }
+          break;
+        }
         continue;
       }
       if (t == type) got[r] = m;

@@ -40,7 +40,7 @@ int run_single_process(const TransitionConfig& c) {
   check_host_memory(p);
   asio::io_context io;
   std::unique_ptr<UcxTransport> ucx;  // before the store: it allocates the store's arenas
-  if (c.transport == "ucx") {
+  if (c.transport != "local") {
     UcxOptions uo;
     uo.peer_error_handling = c.ucx_peer_errors;
     ucx = std::make_unique<UcxTransport>(io, uo);
@@ -60,6 +60,7 @@ int run_single_process(const TransitionConfig& c) {
   eo.per_link_concurrency = c.per_link;
   eo.chunk_bytes = c.chunk_bytes;
   eo.remote_links = ucx != nullptr;
+  eo.two_sided = c.two_sided;
   Executor ex(local, ucx.get(), [](DeviceId) { return PeerId{0}; }, eo);
   const auto transfers = p.plan.transfers();
   const BoundTransition bound = ex.bind(transfers, p.target, store.table());
@@ -129,7 +130,11 @@ int run_single_process(const TransitionConfig& c) {
 
 int run_transition_bench(const TransitionConfig& c, const std::vector<std::string>& argv) {
   if (c.worker_rank >= 0) return run_worker(c);
-  if (!c.daemons.empty()) return run_on_daemons(c);
+  if (!c.daemons.empty()) {
+    if (c.transport == "ucx-tag")
+      throw Error("--transport ucx-tag runs in one process or with --procs; the daemons move bytes with UCX gets");
+    return run_on_daemons(c);
+  }
   if (c.procs == 1) return run_single_process(c);
   return run_parent(c, "/proc/self/exe", argv);
 }

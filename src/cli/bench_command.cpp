@@ -18,8 +18,9 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--to", c->to, "target layout spec")->required();
   t->add_flag("--train", c->train, "every unit carries the training slots");
   t->add_flag("--sync", c->sync, "weight sync: training source, generation target (param only)");
-  t->add_option("--transport", c->transport, "local | ucx")->check(CLI::IsMember({"local", "ucx"}));
-  t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx")
+  t->add_option("--transport", c->transport, "local | ucx (one-sided gets) | ucx-tag (tagged send/recv)")
+      ->check(CLI::IsMember({"local", "ucx", "ucx-tag"}));
+  t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx or ucx-tag")
       ->check(CLI::PositiveNumber);
   t->add_option("--repeat", c->repeat, "runs to time (default 3)")->check(CLI::PositiveNumber);
   t->add_flag("--verify", c->verify, "check every destination (and source) byte against the fill");
@@ -45,6 +46,7 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--inject-kill-worker", c->kill_worker)->group("");
   t->add_option("--inject-kill-node", c->kill_node)->group("");
   t->callback([c, &argv] {
+    c->two_sided = c->transport == "ucx-tag";
     const int rc = bench::run_transition_bench(*c, argv);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

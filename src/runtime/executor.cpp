@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 
 #include "nereus/base/error.hpp"
@@ -101,6 +102,11 @@ std::vector<DescriptorList> chunked(const DescriptorList& l, std::size_t chunk) 
 
 }  // namespace
 
+std::uint64_t message_tag(std::uint32_t run, DeviceId src, DeviceId dst, std::uint32_t ordinal) {
+  return (std::uint64_t{run & 0xffu} << 56) | (static_cast<std::uint64_t>(src & 0xffff) << 40) |
+         (static_cast<std::uint64_t>(dst & 0xffff) << 24) | (ordinal & 0xffffffu);
+}
+
 BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collection& target,
                                const BufferTable& table) const {
   std::unordered_map<DeviceId, std::uint32_t> unit_of;
@@ -110,15 +116,28 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
   b.unit_ops_.assign(target.units.size(), 0);
   // What each transport can move, asked once.
   const std::vector<MemoryKind> copies_move = copies_.capabilities().memory;
-  const std::vector<MemoryKind> remote_moves = remote_ ? remote_->capabilities().memory : std::vector<MemoryKind>{};
+  const Capabilities remote_can = remote_ ? remote_->capabilities() : Capabilities{};
+  if (options_.two_sided && !remote_can.two_sided)
+    throw Error(std::string("two-sided links need a transport with tagged messages; ") +
+                (remote_ ? std::string(remote_->name()) + " has none" : "no remote transport is set"));
+  auto check_kind = [&](const Transfer& t, std::size_t i, bool local, MemoryKind kind, const char* end) {
+    // A transport moves only the kinds it says it can (a host-only transport handed GPU
+    // memory would read garbage or crash), so a mismatch is an error here.
+    const std::vector<MemoryKind>& moves = local ? copies_move : remote_can.memory;
+    if (std::find(moves.begin(), moves.end(), kind) == moves.end())
+      throw Error(describe(t, i) + ": its " + end + " is " + std::string(to_string(kind)) + " memory, which the " +
+                  std::string((local ? copies_ : *remote_).name()) + " transport does not move");
+  };
   for (std::size_t i = 0; i < transfers.size(); ++i) {
     const Transfer& t = transfers[i];
-    if (owner_of_(t.dst) != options_.self) continue;
+    const bool dst_here = owner_of_(t.dst) == options_.self;
+    // Two-sided, the source's process sends what crosses processes (and, with every link
+    // remote, what crosses devices here: this process then also receives it).
+    const bool send_here = options_.two_sided && t.src != t.dst && owner_of_(t.src) == options_.self &&
+                           (!dst_here || options_.remote_links);
+    if (!dst_here && !send_here) continue;
     auto unit = unit_of.find(t.dst);
     if (unit == unit_of.end()) throw Error(describe(t, i) + ": destination device is not in the target collection");
-    const BoundBuffer* dst = table.find({kTargetSide, t.dst, t.dst_view.buffer, t.slot});
-    if (!dst) throw Error(describe(t, i) + ": no destination buffer is bound on device " + std::to_string(t.dst));
-    if (dst->owner != options_.self) throw Error(describe(t, i) + ": destination buffer is bound in another process");
     const BoundBuffer* src = table.find({t.source, t.src, t.src_view.buffer, t.slot});
     if (!src) throw Error(describe(t, i) + ": no source buffer is bound on device " + std::to_string(t.src));
     const std::uint64_t elems = static_cast<std::uint64_t>(t.box.elements());
@@ -126,6 +145,24 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       throw Error(describe(t, i) + ": " + std::to_string(t.bytes) + " bytes do not fit its box");
     const std::uint64_t w = t.bytes / elems;
     const std::uint64_t so = check_view(t, i, t.src_view.view, w, src->bytes, "source");
+    if (send_here) {
+      // The receiver checks its own buffer; here only the layout of its runs matters (the
+      // offsets give both ends the same segments, hence the same chunks).
+      if (src->owner != options_.self) throw Error(describe(t, i) + ": source buffer is bound in another process");
+      check_kind(t, i, false, src->kind, "source");
+      BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), BoundTransition::kNone, {}, false, {}};
+      op.list.op = Op::send;
+      op.list.kind = src->kind;
+      op.list.peer = owner_of_(t.dst);
+      op.list.local_device = t.src;
+      op.list.remote_device = t.dst;
+      add_segments(t, src->address + so, static_cast<std::uint64_t>(t.dst_view.view.offset) * w, w, op.list.segments);
+      b.ops_.push_back(std::move(op));
+    }
+    if (!dst_here) continue;
+    const BoundBuffer* dst = table.find({kTargetSide, t.dst, t.dst_view.buffer, t.slot});
+    if (!dst) throw Error(describe(t, i) + ": no destination buffer is bound on device " + std::to_string(t.dst));
+    if (dst->owner != options_.self) throw Error(describe(t, i) + ": destination buffer is bound in another process");
     const std::uint64_t dof = check_view(t, i, t.dst_view.view, w, dst->bytes, "destination");
     if (t.keep && src->address == dst->address && src->owner == dst->owner) {
       b.skipped_keep_ += t.bytes;
@@ -134,31 +171,119 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
     const bool local = src->owner == options_.self && !(options_.remote_links && remote_ && t.src != t.dst);
     if (!local && !remote_)
       throw Error(describe(t, i) + ": its source is in process " + std::to_string(src->owner) + " but no remote transport is set");
-    // Memory kinds: a transport moves only the kinds it says it can (a host-only transport
-    // handed GPU memory would read garbage or crash), so a mismatch is an error here.
-    const Transport& by = local ? copies_ : *remote_;
-    const std::vector<MemoryKind>& moves = local ? copies_move : remote_moves;
-    for (const auto& [kind, end] : {std::pair{src->kind, "source"}, std::pair{dst->kind, "destination"}})
-      if (std::find(moves.begin(), moves.end(), kind) == moves.end())
-        throw Error(describe(t, i) + ": its " + end + " is " + std::string(to_string(kind)) + " memory, which the " +
-                    std::string(by.name()) + " transport does not move");
-    BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), unit->second, {}, t.src == t.dst};
-    op.list.op = local ? Op::copy : Op::get;
+    check_kind(t, i, local, src->kind, "source");
+    check_kind(t, i, local, dst->kind, "destination");
+    BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), unit->second, {}, t.src == t.dst, {}};
+    op.list.op = local ? Op::copy : options_.two_sided ? Op::recv : Op::get;
     op.list.kind = dst->kind;
     op.list.peer = src->owner;
     op.list.local_device = t.dst;
     op.list.remote_device = t.src;
-    add_segments(t, src->address + so, dst->address + dof, w, op.list.segments);
+    // A recv's source offset stands for the sender's address: only the runs' shape counts.
+    add_segments(t, op.list.op == Op::recv ? so : src->address + so, dst->address + dof, w, op.list.segments);
     ++b.unit_ops_[op.unit];
+    ++b.landing_ops_;
     b.ops_.push_back(std::move(op));
+  }
+  // Messages are numbered per link in transfer order: each process binds the transfers
+  // touching it, in the plan's order, so both ends of a link see the same sequence.
+  std::map<std::pair<DeviceId, DeviceId>, std::uint64_t> sent_on, received_on;
+  for (auto& op : b.ops_) {
+    op.parts = chunked(op.list, options_.chunk_bytes);
+    if (op.list.op != Op::send && op.list.op != Op::recv) continue;
+    const Transfer& t = transfers[op.transfer];
+    if (t.src < 0 || t.src >= (1 << 16) || t.dst < 0 || t.dst >= (1 << 16))
+      throw Error(describe(t, op.transfer) + ": two-sided tags name devices below 65536");
+    std::uint64_t& next = (op.list.op == Op::send ? sent_on : received_on)[{t.src, t.dst}];
+    if (next + op.parts.size() > (std::uint64_t{1} << 24))
+      throw Error(describe(t, op.transfer) + ": more than 2^24 messages on its link; raise the chunk size");
+    op.first_message = static_cast<std::uint32_t>(next);
+    next += op.parts.size();
   }
   return b;
 }
 
 std::uint64_t BoundTransition::bytes() const {
   std::uint64_t n = 0;
-  for (const BoundOp& op : ops_) n += op.list.bytes();
+  for (const BoundOp& op : ops_)
+    if (op.list.op != Op::send) n += op.list.bytes();
   return n;
+}
+
+std::vector<Message> BoundTransition::messages() const {
+  // Per link in first-appearance order, ops in transfer order, chunks in order: what run()
+  // posts on each link (its workers take a link's ops in this order).
+  std::map<std::tuple<DeviceId, DeviceId, bool>, std::vector<Message>> by_link;
+  std::vector<std::tuple<DeviceId, DeviceId, bool>> order;
+  for (const BoundOp& op : ops_) {
+    if (op.list.op != Op::send && op.list.op != Op::recv) continue;
+    const auto key = std::make_tuple(op.src(), op.dst(), op.list.op == Op::send);
+    auto [it, fresh] = by_link.try_emplace(key);
+    if (fresh) order.push_back(key);
+    for (std::uint32_t k = 0; k < op.parts.size(); ++k)
+      it->second.push_back({op.list.op, op.list.peer, op.src(), op.dst(), op.first_message + k, op.parts[k].bytes(),
+                            op.transfer, k});
+  }
+  std::vector<Message> out;
+  for (const auto& key : order) out.insert(out.end(), by_link[key].begin(), by_link[key].end());
+  return out;
+}
+
+std::unique_ptr<std::byte[]> Executor::staging(std::size_t bytes) {
+  for (auto it = spare_staging_.begin(); it != spare_staging_.end(); ++it)
+    if (it->second >= bytes) {
+      auto buf = std::move(it->first);
+      spare_staging_.erase(it);
+      return buf;
+    }
+  return std::unique_ptr<std::byte[]>(new std::byte[bytes]);  // not zeroed: the message overwrites it
+}
+
+void Executor::give_back(std::unique_ptr<std::byte[]> buffer, std::size_t bytes) {
+  // Kept for the next messages (no allocation or first-touch faults per chunk), a few at most.
+  if (spare_staging_.size() < 16) spare_staging_.emplace_back(std::move(buffer), bytes);
+}
+
+asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint64_t tag) {
+  const bool sends = part.op == Op::send;
+  // Our side's runs, in message order; contiguous when each starts where the last ended.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;  // address, bytes
+  for (const Segment& s : part.segments) {
+    const std::uint64_t at = sends ? s.src : s.dst, stride = sends ? s.src_stride : s.dst_stride;
+    for (std::uint64_t r = 0; r < s.count; ++r) {
+      const std::uint64_t a = at + r * stride;
+      if (!runs.empty() && runs.back().first + runs.back().second == a) runs.back().second += s.bytes;
+      else runs.push_back({a, s.bytes});
+    }
+  }
+  DescriptorList msg = part;
+  msg.tag = tag;
+  if (runs.size() == 1) {
+    msg.segments = {sends ? Segment{runs[0].first, 0, runs[0].second} : Segment{0, runs[0].first, runs[0].second}};
+    co_return co_await remote_->post(std::move(msg));
+  }
+  // Strided on our side: pack into contiguous staging before sending, or unpack after
+  // receiving, on the copy threads (never on the event loop).
+  const std::uint64_t total = part.bytes();
+  auto buffer = staging(total);
+  const auto base = reinterpret_cast<std::uint64_t>(buffer.get());
+  DescriptorList copy;
+  copy.op = Op::copy;
+  copy.kind = part.kind;
+  copy.local_device = copy.remote_device = part.local_device;
+  std::uint64_t off = 0;
+  for (const Segment& s : part.segments) {
+    if (sends) copy.segments.push_back({s.src, base + off, s.bytes, s.count, s.src_stride, s.bytes});
+    else copy.segments.push_back({base + off, s.dst, s.bytes, s.count, s.bytes, s.dst_stride});
+    off += s.total();
+  }
+  msg.segments = {sends ? Segment{base, 0, total} : Segment{0, base, total}};
+  Status st;
+  if (sends) st = co_await copies_.post(copy);
+  if (st) st = co_await remote_->post(std::move(msg));
+  if (st && !sends) st = co_await copies_.post(copy);
+  give_back(std::move(buffer), total);
+  co_return st;
 }
 
 asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
@@ -169,13 +294,15 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
   report.started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
   report.skipped_keep = bound.skipped_keep_;
   landed_ = 0;
+  const std::uint32_t run_number = bound.runs_++;
 
-  // Links in order of first appearance; each gets `per_link_concurrency` workers.
-  std::map<std::pair<DeviceId, DeviceId>, std::size_t> link_of;
+  // Links in order of first appearance; each gets `per_link_concurrency` workers. A link's
+  // sends and receives queue apart: when one process does both (every link remote), a
+  // send waiting for its receive must not hold the worker that would post it.
+  std::map<std::tuple<DeviceId, DeviceId, bool>, std::size_t> link_of;
   std::vector<std::vector<std::size_t>> links;
   for (std::size_t i = 0; i < bound.ops_.size(); ++i) {
-    const auto& l = bound.ops_[i].list;
-    const auto key = std::make_pair(l.remote_device, l.local_device);
+    const auto key = std::make_tuple(bound.ops_[i].src(), bound.ops_[i].dst(), bound.ops_[i].list.op == Op::send);
     auto [it, fresh] = link_of.try_emplace(key, links.size());
     if (fresh) links.emplace_back();
     links[it->second].push_back(i);
@@ -183,7 +310,7 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
   std::vector<std::size_t> next(links.size(), 0);
   std::vector<std::uint32_t> left = bound.unit_ops_;
   for (std::uint32_t u = 0; u < left.size(); ++u)
-    if (left[u] == 0 && !bound.ops_.empty()) report.commits.push_back({u, 0.0});
+    if (left[u] == 0 && bound.landing_ops_ > 0) report.commits.push_back({u, 0.0});
   std::string error;
 
   auto ex = co_await asio::this_coro::executor;
@@ -194,19 +321,27 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
       const auto& op = bound.ops_[links[link][next[link]++]];
       const double start = since();
       Transport& tr = op.list.op == Op::copy ? copies_ : *remote_;
-      for (const DescriptorList& part : chunked(op.list, options_.chunk_bytes)) {
-        const Status st = co_await tr.post(part);
+      const bool two_sided = op.list.op == Op::send || op.list.op == Op::recv;
+      for (std::uint32_t k = 0; k < op.parts.size(); ++k) {
+        const DescriptorList& part = op.parts[k];
+        Status st;  // no co_await inside ?: (GCC 12 destroys the temporaries twice)
+        if (two_sided) st = co_await message(part, message_tag(run_number, op.src(), op.dst(), op.first_message + k));
+        else st = co_await tr.post(part);
         if (!st) {
           if (error.empty()) {
-            error = "transfer " + std::to_string(op.transfer) + " (device " + std::to_string(op.list.remote_device) +
-                    " -> " + std::to_string(op.list.local_device) + ") failed: " + st.message();
+            error = "transfer " + std::to_string(op.transfer) + " (device " + std::to_string(op.src()) + " -> " +
+                    std::to_string(op.dst()) + ") failed: " + st.message();
             scope.cancel();
           }
           co_return;
         }
-        landed_ += part.bytes();
+        if (op.unit != BoundTransition::kNone) landed_ += part.bytes();
       }
       const std::uint64_t bytes = op.list.bytes();
+      if (op.unit == BoundTransition::kNone) {  // a send: its receiver times and commits it
+        report.sent_bytes += bytes;
+        continue;
+      }
       report.timings.push_back({op.transfer, op.list.remote_device, op.list.local_device, bytes, start, since()});
       (op.local ? report.local_bytes : report.link_bytes) += bytes;
       if (--left[op.unit] == 0) report.commits.push_back({op.unit, since()});

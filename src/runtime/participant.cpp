@@ -70,6 +70,7 @@ void Participant::connect(const std::vector<PeerInfo>& peers) {
   eo.per_link_concurrency = c_.per_link;
   eo.chunk_bytes = c_.chunk_bytes;
   eo.self = self_;
+  eo.two_sided = c_.two_sided;
   ex_ = std::make_unique<Executor>(local_, &ucx_, owner_, eo);
   bound_ = std::make_unique<BoundTransition>(ex_->bind(p_.plan.transfers_touching(mine_), p_.target, store_.table()));
 }

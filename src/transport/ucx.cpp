@@ -32,6 +32,8 @@ struct UcxBatch {
   Status status;
   std::unique_ptr<detail::Completion> done;
   std::set<void*> requests;  // in flight, for cancellation
+  std::uint64_t expected = 0;     // a recv's message length
+  std::vector<std::byte> sink;    // where a recv puts a message longer than expected
   void finish_if_done();
 };
 
@@ -94,6 +96,17 @@ struct UcxTransport::Impl {
     --b->remaining;
     // Inside ucp_worker_progress: finish_if_done() only posts the completion.
     b->finish_if_done();
+  }
+
+  /// A tagged receive: also a message of another length than the recv's is an error (both
+  /// ends derive the same sizes from one plan, so it means they disagree).
+  static void on_recv(void* request, ucs_status_t st, const ucp_tag_recv_info_t* info, void* user) {
+    auto* b = static_cast<UcxBatch*>(user);
+    if (st == UCS_OK && info->length != b->expected && b->status.is_ok())
+      b->status = {StatusCode::invalid, "ucx: tagged message " + std::to_string(info->sender_tag) + " has " +
+                                            std::to_string(info->length) + " bytes, " + std::to_string(b->expected) +
+                                            " expected"};
+    on_done(request, st, user);
   }
 
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st) {
@@ -169,7 +182,7 @@ UcxTransport::UcxTransport(asio::io_context& io, UcxOptions options)
     ucp_config_modify(cfg, "NET_DEVICES", impl_->options.net_devices.c_str());
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   const ucs_status_t s = ucp_init(&params, cfg, &impl_->context);
   ucp_config_release(cfg);
   if (s != UCS_OK) throw Error("ucx: ucp_init failed: " + ucs(s));
@@ -282,7 +295,7 @@ asio::awaitable<void> UcxTransport::shutdown() {
   }
 }
 
-Capabilities UcxTransport::capabilities() const { return {false, true, true, false, {MemoryKind::host}}; }
+Capabilities UcxTransport::capabilities() const { return {false, true, true, false, {MemoryKind::host}, true}; }
 
 std::byte* UcxTransport::allocate_arena(DeviceId id, std::size_t bytes) {
   ucp_mem_map_params_t mp{};
@@ -433,8 +446,11 @@ struct Initiate {
     if (auto f = x.failed.find(list.peer); f != x.failed.end()) return fail({StatusCode::peer_failed, f->second});
     auto ep = x.eps.find(list.peer);
     if (ep == x.eps.end()) return fail({StatusCode::invalid, "ucx: peer " + std::to_string(list.peer) + " is not connected"});
+    const bool tagged = list.op == Op::send || list.op == Op::recv;
+    if (tagged && (list.segments.size() != 1 || list.segments[0].count != 1))
+      return fail({StatusCode::invalid, "ucx: a tagged message is one contiguous segment (the executor stages others)"});
     auto rk = x.rkeys.find({list.peer, list.remote_device});
-    if (rk == x.rkeys.end())
+    if (!tagged && rk == x.rkeys.end())
       return fail({StatusCode::invalid, "ucx: no rkey for device " + std::to_string(list.remote_device) + " of peer " +
                                             std::to_string(list.peer)});
     x.batches.emplace(batch.get(), batch);
@@ -460,7 +476,43 @@ struct Initiate {
       batch->requests.insert(r);
       ++batch->remaining;
     };
-    for (const Segment& s : list.segments)
+    if (tagged) {
+      const Segment& s = list.segments[0];
+      void* local = reinterpret_cast<void*>(list.op == Op::recv ? s.dst : s.src);
+      ucp_request_param_t q = p;
+      if (ucp_mem_h m = x.memh_for(local, s.bytes)) {
+        q.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        q.memh = m;
+      }
+      if (list.op == Op::send) {
+        track(ucp_tag_send_nbx(ep->second, local, s.bytes, list.tag, &q), "tagged send");
+      } else {
+        // Matched on the whole tag: it names the transfer, and so its sender.
+        q.cb.recv = &UcxTransport::Impl::on_recv;
+        batch->expected = s.bytes;
+        // A message already here is taken by probing first: its length is known before
+        // it lands (UCX 1.13 leaves recv_info unset when a recv completes at once).
+        ucp_tag_recv_info_t info{};
+        if (ucp_tag_message_h m = ucp_tag_probe_nb(x.worker, list.tag, ~ucp_tag_t{0}, 1, &info)) {
+          if (info.length != s.bytes)
+            batch->status = {StatusCode::invalid, "ucx: tagged message " + std::to_string(list.tag) + " has " +
+                                                      std::to_string(info.length) + " bytes, " + std::to_string(s.bytes) +
+                                                      " expected"};
+          // Received either way, so it leaves UCX: one too long lands in a buffer the batch
+          // holds until it completes, and only the error reaches the caller.
+          void* into = local;
+          if (info.length > s.bytes) {
+            batch->sink.resize(info.length);
+            into = batch->sink.data();
+            q.op_attr_mask &= ~static_cast<std::uint32_t>(UCP_OP_ATTR_FIELD_MEMH);
+          }
+          track(ucp_tag_msg_recv_nbx(x.worker, into, info.length, m, &q), "tagged recv");
+        } else {
+          track(ucp_tag_recv_nbx(x.worker, local, s.bytes, list.tag, ~ucp_tag_t{0}, &q), "tagged recv");
+        }
+      }
+    }
+    for (const Segment& s : tagged ? std::span<const Segment>{} : std::span<const Segment>(list.segments))
       for (std::uint64_t i = 0; i < s.count && batch->status.is_ok(); ++i) {
         const std::uint64_t src = s.src + i * s.src_stride, dst = s.dst + i * s.dst_stride;
         void* local = reinterpret_cast<void*>(list.op == Op::get ? dst : src);

@@ -4,6 +4,7 @@
 // commits a destination unit only when all its bytes have landed.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,7 +21,31 @@ struct ExecutorOptions {
   std::size_t chunk_bytes = 64 << 20;  ///< a transfer is posted in lists of at most this much
   PeerId self = 0;                     ///< this process
   bool remote_links = false;           ///< send link transfers inside this process through `remote` too
+  /// Links between processes move as tagged messages (`remote` must be two-sided, as NCCL
+  /// and UCX tags are): the source's process sends each chunk, the destination's receives
+  /// it. Both derive the same messages, in the same order per link, from the same plan
+  /// (BoundTransition::messages). One two-sided transition runs on a transport at a time.
+  bool two_sided = false;
 };
+
+/// One message of a two-sided run as bind() scheduled it: the `chunk`-th piece of a
+/// transfer, which `peer` receives (Op::send) or sends (Op::recv). Its `ordinal` counts
+/// the messages before it on its link (src → dst): the identity both ends share, since
+/// each process binds only the transfers touching it, and so numbers them differently.
+struct Message {
+  Op op = Op::send;
+  PeerId peer = 0;
+  DeviceId src = 0, dst = 0;
+  std::uint32_t ordinal = 0;
+  std::uint64_t bytes = 0;
+  std::uint32_t transfer = 0;  ///< index into this process's bound transfer list
+  std::uint32_t chunk = 0;
+};
+
+/// The tag of a message: run (mod 256), source and destination device (< 2^16), ordinal
+/// on that link (< 2^24). Unique per transition and run, so it also names its sender; a
+/// message left over from an aborted run never matches the next run's receives.
+std::uint64_t message_tag(std::uint32_t run, DeviceId src, DeviceId dst, std::uint32_t ordinal);
 
 /// When one transfer ran (seconds from the start of the run).
 struct TransferTiming {
@@ -46,26 +71,38 @@ struct ExecutionReport {
   std::uint64_t link_bytes = 0;   ///< bytes moved between devices
   std::uint64_t local_bytes = 0;  ///< bytes copied inside a device
   std::uint64_t skipped_keep = 0; ///< kept buffers bound in place: nothing to copy
+  std::uint64_t sent_bytes = 0;   ///< two-sided: bytes this process sent (its peers count them as received)
 };
 
 /// A transfer set bound to memory: one descriptor list per transfer.
 class BoundTransition {
  public:
   std::size_t size() const { return ops_.size(); }
-  /// The bytes a run moves (every bound transfer's).
+  /// The bytes a run lands in this process (every bound transfer's but those it sends).
   std::uint64_t bytes() const;
+  /// The two-sided messages this process sends and receives, in the order each link
+  /// posts them: for any two processes, the sender's messages to the receiver and the
+  /// receiver's from the sender are the same list.
+  std::vector<Message> messages() const;
 
  private:
   friend class Executor;
   struct BoundOp {
     std::uint32_t transfer;
-    std::uint32_t unit;
+    std::uint32_t unit;  ///< target unit it lands in; kNone for a send
     DescriptorList list;
     bool local;
+    std::vector<DescriptorList> parts;  ///< the list in chunks, as posted
+    std::uint32_t first_message = 0;    ///< two-sided: the ordinal of parts[0] on its link
+    DeviceId src() const { return list.op == Op::send ? list.local_device : list.remote_device; }
+    DeviceId dst() const { return list.op == Op::send ? list.remote_device : list.local_device; }
   };
+  static constexpr std::uint32_t kNone = ~std::uint32_t{0};
   std::vector<BoundOp> ops_;
   std::vector<std::uint32_t> unit_ops_;  ///< ops per target unit
+  std::size_t landing_ops_ = 0;          ///< ops that land bytes here (not sends)
   std::uint64_t skipped_keep_ = 0;
+  mutable std::uint32_t runs_ = 0;       ///< runs started: the tags' run number
 };
 
 class Executor {
@@ -74,7 +111,8 @@ class Executor {
   /// `owner_of` tells which process holds a device.
   Executor(Transport& copies, Transport* remote, std::function<PeerId(DeviceId)> owner_of, ExecutorOptions options = {});
 
-  /// Binds the transfers whose destination is in this process. Rejects the whole set,
+  /// Binds the transfers whose destination is in this process (and, two-sided, those
+  /// whose source is here and destination in another process: sends). Rejects the whole set,
   /// before any byte moves, with an Error naming the first transfer that does not match
   /// its buffers (unknown device or buffer, a view outside the buffer, a remote source
   /// without a remote transport).
@@ -93,12 +131,18 @@ class Executor {
   std::uint64_t landed_bytes() const { return landed_; }
 
  private:
+  /// One chunk of a two-sided op, staged through contiguous memory when its runs are not.
+  asio::awaitable<Status> message(const DescriptorList& part, std::uint64_t tag);
+  std::unique_ptr<std::byte[]> staging(std::size_t bytes);
+  void give_back(std::unique_ptr<std::byte[]> buffer, std::size_t bytes);
+
   Transport& copies_;
   Transport* remote_;
   std::function<PeerId(DeviceId)> owner_of_;
   ExecutorOptions options_;
   AsyncScope* running_ = nullptr;
   std::uint64_t landed_ = 0;
+  std::vector<std::pair<std::unique_ptr<std::byte[]>, std::size_t>> spare_staging_;  // reused across runs
 };
 
 }  // namespace nereus

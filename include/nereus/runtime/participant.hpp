@@ -40,6 +40,9 @@ struct ReshardSpec {
   /// gigabyte's first run on a slow-faulting host holds the loop for seconds: a daemon,
   /// whose loop also heartbeats, turns this off until that copy moves to copy threads.
   bool shared_arenas = true;
+  /// Links between processes as UCX tagged messages, sender and receiver both posting
+  /// (ExecutorOptions::two_sided), instead of gets.
+  bool two_sided = false;
 };
 
 /// The reshard to run, planned the same way in every process.

@@ -49,6 +49,10 @@ enum class Op : std::uint8_t {
   copy,  ///< both sides in this process
   get,   ///< src on `peer`, dst here
   put,   ///< src here, dst on `peer`
+  /// Two-sided (NCCL-style, UCX tagged messages): one message of `tag`, sent from src
+  /// here to `peer`, which posts the matching recv. One contiguous segment per message.
+  send,
+  recv,  ///< the message of `tag` from `peer` lands at dst here
 };
 
 /// Segments of one memory kind between one local device and one remote device.
@@ -58,6 +62,7 @@ struct DescriptorList {
   DeviceId local_device = 0;
   DeviceId remote_device = 0;
   MemoryKind kind = MemoryKind::host;
+  std::uint64_t tag = 0;  ///< send and recv: the message both ends name
   std::vector<Segment> segments;
   std::uint64_t bytes() const {
     std::uint64_t n = 0;
@@ -73,6 +78,7 @@ struct Capabilities {
   bool remote_put = false;
   bool strided = false;  ///< handles count > 1 natively (else the caller expands)
   std::vector<MemoryKind> memory;
+  bool two_sided = false;  ///< send and recv of tagged messages
 };
 
 /// A transport backend. post() never blocks the calling executor's thread.

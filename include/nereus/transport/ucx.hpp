@@ -1,6 +1,7 @@
 #pragma once
-// The `ucx` backend (UCP): RMA get/put with rkeys between processes, over whatever UCX
-// picks (shared memory, CMA, TCP on loopback). One UCP worker per transport, progressed
+// The `ucx` backend (UCP): RMA get/put with rkeys between processes, and two-sided tagged
+// send/recv of one contiguous message (Op::send/recv, matched on the whole tag), over
+// whatever UCX picks (shared memory, CMA, TCP on loopback). One UCP worker per transport, progressed
 // from its io_context: busy progress while operations are in flight, an armed wait on
 // the worker's event fd when idle, and a fallback timer tick.
 //
