@@ -30,7 +30,7 @@ run_suite() {  # DIR, then meson setup options
 run_suite build
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp \
-  run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+  run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dcuda=disabled
 
 # Each fuzz target briefly (scripts/fuzz.sh SECONDS runs them longer by hand).
 echo "== fuzz build-fuzz"

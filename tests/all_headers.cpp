@@ -63,6 +63,7 @@
 #include "nereus/sim/simulator.hpp"
 #include "nereus/sim/trace.hpp"
 #include "nereus/transport/chaos.hpp"
+#include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/transport.hpp"
 #include "nereus/transport/ucx.hpp"

@@ -27,19 +27,7 @@ struct World {
     return *p;
   }
   void bind_all(const ReshardPlan& plan) {
-    std::map<BufferKey, std::uint64_t> sizes;
-    for (const Transfer& t : plan.transfers()) {
-      const auto w = t.bytes / static_cast<std::uint64_t>(t.box.elements());
-      auto need = [&](const BufferView& v) {
-        std::int64_t last = v.view.offset;
-        for (int d = 0; d < t.box.rank; ++d) last += (t.box.dims[d].size() - 1) * v.view.strides[d];
-        return static_cast<std::uint64_t>(last + 1) * w;
-      };
-      auto& s = sizes[{t.source, t.src, t.src_view.buffer, t.slot}];
-      s = std::max(s, need(t.src_view));
-      auto& d = sizes[{kTargetSide, t.dst, t.dst_view.buffer, t.slot}];
-      d = std::max(d, need(t.dst_view));
-    }
+    const auto sizes = buffer_extents(plan.transfers());
     for (const auto& [key, bytes] : sizes) {
       buffers.push_back(device(key.device).allocate(bytes, "test"));
       std::memset(buffers.back().data(), key.side == kTargetSide ? 0 : 0x5a, bytes);

@@ -14,6 +14,7 @@
 #include "nereus/base/error.hpp"
 #include "nereus/plan/reshard.hpp"
 #include "nereus/runtime/executor.hpp"
+#include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/ucx.hpp"
 
@@ -48,7 +49,11 @@ TEST_CASE("device arenas: cap, current and peak use, reuse after free") {
   auto dev = make_device({MemoryKind::host, 3, 1 << 20});
   Device& d = *dev;
   CHECK(d.kind() == MemoryKind::host);
-  CHECK(error_of([] { make_device({MemoryKind::cuda, 0, 1 << 20}); }).find("no cuda backend") != std::string::npos);
+  // CUDA devices: one error naming the device when CUDA is not built in, or no GPU is here.
+  if (!cuda_built())
+    CHECK(error_of([] { make_device({MemoryKind::cuda, 0, 1 << 20}); }).find("no cuda backend") != std::string::npos);
+  else if (cuda_device_count() == 0)
+    CHECK(error_of([] { make_device({MemoryKind::cuda, 0, 1 << 20}); }).find("device 0: no CUDA device 0") != std::string::npos);
   auto a = d.allocate(300 << 10, "a");
   auto b = d.allocate(300 << 10, "b");
   CHECK(d.used() >= 600 << 10);
@@ -261,4 +266,27 @@ TEST_CASE("ucx: an arena the transport allocates is mapped for gets, and its byt
   }());
   ucx.deregister_memory(rs);
   ucx.deregister_memory(rd);
+}
+
+TEST_CASE("cuda transport, without a GPU: refuses host memory at bind and at post, with one clear error") {
+  if (!cuda_built()) return;  // nothing to check: make_cuda_transport() throws, as the absent backend should
+  const auto plan = plan_reshard(coll("tp=2,pp=1,dp=1"), coll("tp=1,pp=1,dp=2,devices=2:3"));
+  World w;
+  w.bind_all(plan);
+  asio::io_context io;
+  auto cuda = make_cuda_transport(io);
+  CHECK(cuda->name() == "cuda");
+  CHECK(cuda->capabilities().memory == std::vector<MemoryKind>{MemoryKind::cuda});
+  Executor ex(*cuda, nullptr, [](DeviceId) { return PeerId{0}; });
+  const auto transfers = plan.transfers();
+  CHECK(has(error_of([&] { ex.bind(transfers, plan.target(), w.table); }), "host memory, which the cuda transport does not move"));
+  // Posted anyway (a caller that skipped bind): the list is refused, nothing is enqueued.
+  std::vector<std::byte> a(64), b(64);
+  DescriptorList l;
+  l.segments.push_back({reinterpret_cast<std::uint64_t>(a.data()), reinterpret_cast<std::uint64_t>(b.data()), 64, 1, 0, 0});
+  const Status st = run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
+  CHECK(has(st.message(), "is not in CUDA device memory"));
+  l.op = Op::get;
+  const Status get = run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
+  CHECK(get.code() == StatusCode::not_supported);
 }

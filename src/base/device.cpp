@@ -1,5 +1,9 @@
 #include "nereus/base/device.hpp"
 
+#ifdef NEREUS_HAVE_CUDA
+#include "cuda_device.hpp"
+#endif
+
 #include <fstream>
 #include <string>
 
@@ -157,7 +161,11 @@ std::unique_ptr<Device> make_device(const DeviceSpec& spec) {
     case MemoryKind::host:
       return std::make_unique<HostDevice>(spec.id, spec.capacity, spec.arena_source);
     case MemoryKind::cuda:
+#ifdef NEREUS_HAVE_CUDA
+      return detail::make_cuda_device(spec);
+#else
       break;
+#endif
   }
   throw Error("device " + std::to_string(spec.id) + ": no " + std::string(to_string(spec.kind)) +
               " backend is built into this library");

@@ -2,8 +2,8 @@
 // Devices: where state lives. A device owns one memory arena with a capacity and tracks
 // current and peak use; queues and events order asynchronous work on it. Backends live
 // behind make_device(): today host memory (the stand-in for a GPU's memory on any
-// machine); a CUDA backend would implement the same interface over device memory,
-// streams and events, and nothing outside this layer names a backend's class.
+// machine) and, when built with CUDA, GPU memory (one cudaMalloc arena per device, CUDA
+// streams and events); nothing outside this layer names a backend's class.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -66,8 +66,8 @@ class DeviceEvent {
   virtual bool ready() const = 0;
 };
 
-/// An ordered asynchronous work queue of a device (a CUDA stream); host queues run work
-/// at once.
+/// An ordered asynchronous work queue of a device (a CUDA stream on CUDA devices); host
+/// queues run work at once.
 class DeviceQueue {
  public:
   virtual ~DeviceQueue() = default;
@@ -133,11 +133,13 @@ struct DeviceSpec {
   DeviceId id = 0;
   std::size_t capacity = 0;  ///< bytes of the arena
   ArenaSource* arena_source = nullptr;  ///< host: where the arena comes from (null: anonymous memory)
+  int gpu = 0;  ///< cuda: the CUDA device the arena is on (several logical devices may share one)
 };
 
 /// Creates a device of `spec.kind`. Host devices reserve their arena as address space,
-/// committed on first touch. Throws Error naming the kind when its backend is not built
-/// into this library (no CUDA backend exists yet).
+/// committed on first touch; CUDA devices (when built with CUDA) allocate theirs with
+/// cudaMalloc on `spec.gpu`. Throws Error naming the kind when its backend is not built
+/// into this library, and naming the device when its GPU is absent or full.
 std::unique_ptr<Device> make_device(const DeviceSpec& spec);
 
 /// Host memory the kernel can still give without swapping (MemAvailable of /proc/meminfo),

@@ -1,0 +1,28 @@
+#pragma once
+// The `cuda` backend: copies between CUDA devices of this process — logical devices on
+// one GPU, or different GPUs (peer access enabled on first use) — as cudaMemcpyAsync, and
+// strided runs as one cudaMemcpy2DAsync, on a few streams per GPU. Completion reaches
+// Asio without blocking the loop or running in a CUDA callback: each post records an
+// event and its coroutine polls it on a short timer. A copy CUDA has started cannot be
+// cancelled: a cancelled post waits for its copy, then reports the cancellation.
+// Built when meson finds cudart; otherwise make_cuda_transport() throws an Error.
+#include <chrono>
+#include <memory>
+
+#include "nereus/transport/transport.hpp"
+
+namespace nereus {
+
+struct CudaTransportOptions {
+  unsigned streams_per_gpu = 4;                  ///< posts take them in turn
+  std::chrono::microseconds poll{20};            ///< how often a post checks its event
+};
+
+/// Whether this library was built with CUDA.
+bool cuda_built();
+/// CUDA devices present (0 without a driver, a GPU, or CUDA in this build).
+int cuda_device_count();
+
+std::unique_ptr<Transport> make_cuda_transport(asio::io_context& io, CudaTransportOptions options = {});
+
+}  // namespace nereus

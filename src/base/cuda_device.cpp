@@ -1,0 +1,100 @@
+#include "cuda_device.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "nereus/base/error.hpp"
+
+namespace nereus::detail {
+
+namespace {
+
+std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
+
+/// Makes `gpu` current for the calling thread; throws naming the logical device.
+void use_gpu(DeviceId id, int gpu) {
+  if (cudaError_t e = cudaSetDevice(gpu); e != cudaSuccess)
+    throw Error("device " + std::to_string(id) + ": CUDA device " + std::to_string(gpu) + " is not usable: " + cuda_error(e));
+}
+
+class CudaEvent final : public DeviceEvent {
+ public:
+  explicit CudaEvent(cudaEvent_t e) : e_(e) {}
+  ~CudaEvent() override { cudaEventDestroy(e_); }
+  // Any answer but "not ready" ends the wait: an error is the queue's to report.
+  bool ready() const override { return cudaEventQuery(e_) != cudaErrorNotReady; }
+
+ private:
+  cudaEvent_t e_;
+};
+
+class CudaQueue final : public DeviceQueue {
+ public:
+  CudaQueue(DeviceId id, int gpu) : id_(id), gpu_(gpu) {
+    use_gpu(id, gpu);
+    if (cudaError_t e = cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking); e != cudaSuccess)
+      throw Error("device " + std::to_string(id) + ": cannot create a CUDA stream: " + cuda_error(e));
+  }
+  ~CudaQueue() override { cudaStreamDestroy(s_); }
+  std::unique_ptr<DeviceEvent> record() override {
+    use_gpu(id_, gpu_);
+    cudaEvent_t e = nullptr;
+    if (cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); r != cudaSuccess)
+      throw Error("device " + std::to_string(id_) + ": cannot create a CUDA event: " + cuda_error(r));
+    if (cudaError_t r = cudaEventRecord(e, s_); r != cudaSuccess) {
+      cudaEventDestroy(e);
+      throw Error("device " + std::to_string(id_) + ": cannot record a CUDA event: " + cuda_error(r));
+    }
+    return std::make_unique<CudaEvent>(e);
+  }
+  void copy(std::byte* dst, const std::byte* src, std::size_t n) override {
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s_); e != cudaSuccess)
+      throw Error("device " + std::to_string(id_) + ": CUDA copy of " + std::to_string(n) + " bytes failed: " + cuda_error(e));
+  }
+  bool idle() const override { return cudaStreamQuery(s_) != cudaErrorNotReady; }
+  void synchronize() override {
+    if (cudaError_t e = cudaStreamSynchronize(s_); e != cudaSuccess)
+      throw Error("device " + std::to_string(id_) + ": CUDA stream failed: " + cuda_error(e));
+  }
+
+ private:
+  DeviceId id_;
+  int gpu_;
+  cudaStream_t s_ = nullptr;
+};
+
+std::byte* device_arena(const DeviceSpec& spec) {
+  if (spec.capacity == 0) return nullptr;
+  use_gpu(spec.id, spec.gpu);
+  void* p = nullptr;
+  if (cudaError_t e = cudaMalloc(&p, spec.capacity); e != cudaSuccess)
+    throw Error("device " + std::to_string(spec.id) + ": cudaMalloc of " + std::to_string(spec.capacity) + " bytes on CUDA device " +
+                std::to_string(spec.gpu) + " failed: " + cuda_error(e));
+  return static_cast<std::byte*>(p);
+}
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(const DeviceSpec& spec) : Device(spec.id, device_arena(spec), spec.capacity), gpu_(spec.gpu) {}
+  ~CudaDevice() override {
+    if (arena()) cudaFree(arena());
+  }
+  MemoryKind kind() const override { return MemoryKind::cuda; }
+  std::unique_ptr<DeviceQueue> make_queue() override { return std::make_unique<CudaQueue>(id(), gpu_); }
+
+ private:
+  int gpu_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device(const DeviceSpec& spec) {
+  int n = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess || spec.gpu < 0 || spec.gpu >= n)
+    throw Error("device " + std::to_string(spec.id) + ": no CUDA device " + std::to_string(spec.gpu) + " (" +
+                (e == cudaSuccess ? std::to_string(n) + " present" : cuda_error(e)) + ")");
+  return std::make_unique<CudaDevice>(spec);
+}
+
+}  // namespace nereus::detail

@@ -1,0 +1,14 @@
+#pragma once
+// The CUDA device backend (built when meson finds cudart): make_device() hands
+// MemoryKind::cuda specs here. Internal to the base layer.
+#include <memory>
+
+#include "nereus/base/device.hpp"
+
+namespace nereus::detail {
+
+/// A device whose arena is one cudaMalloc of spec.capacity on CUDA device spec.gpu
+/// (never managed memory); queues are CUDA streams, events CUDA events.
+std::unique_ptr<Device> make_cuda_device(const DeviceSpec& spec);
+
+}  // namespace nereus::detail

@@ -1,0 +1,13 @@
+// Built when meson found no cudart: the cuda backend reports that it is absent.
+#include "nereus/base/error.hpp"
+#include "nereus/transport/cuda.hpp"
+
+namespace nereus {
+
+bool cuda_built() { return false; }
+int cuda_device_count() { return 0; }
+std::unique_ptr<Transport> make_cuda_transport(asio::io_context&, CudaTransportOptions) {
+  throw Error("this build has no CUDA transport: reconfigure with -Dcuda=enabled (cudart under -Dgpu_toolkit)");
+}
+
+}  // namespace nereus

@@ -1,0 +1,129 @@
+// The GPU suite (meson suite `gpu`, not in CI): CUDA devices, their arenas and streams,
+// and reshards between logical devices carved out of the GPUs present, moved by the cuda
+// transport through the executor and checked byte for byte against the same reshard on
+// host memory. Exits 77 (skipped) when no CUDA device is present or CUDA is not built in.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "../run_async.hpp"
+#include "../runtime_world.hpp"
+#include "../test_util.hpp"
+#include "nereus/base/error.hpp"
+#include "nereus/runtime/executor.hpp"
+#include "nereus/transport/cuda.hpp"
+#include "nereus/transport/local.hpp"
+
+using namespace nereus;
+using testing::coll;
+using testing::error_of;
+using testing::run_on;
+
+namespace {
+
+/// The buffers of `host` mirrored on CUDA devices (logical device d on GPU d % gpus),
+/// sources copied up from the host's.
+struct CudaMirror {
+  std::map<DeviceId, std::unique_ptr<Device>> devices;
+  std::vector<DeviceBuffer> buffers;
+  BufferTable table;
+
+  CudaMirror(const testing::World& host, int gpus) {
+    for (const auto& [key, b] : host.table.all()) {
+      auto& dev = devices[key.device];
+      if (!dev) dev = make_device({MemoryKind::cuda, key.device, 64 << 20, nullptr, static_cast<int>(key.device) % gpus});
+      buffers.push_back(dev->allocate(b.bytes, "mirror"));
+      REQUIRE(cudaMemcpy(buffers.back().data(), reinterpret_cast<const void*>(b.address), b.bytes,
+                         cudaMemcpyHostToDevice) == cudaSuccess);
+      table.bind(key, {reinterpret_cast<std::uint64_t>(buffers.back().data()), b.bytes, 0, MemoryKind::cuda});
+    }
+  }
+  /// Copies every target buffer back over the host's.
+  void download(testing::World& host) const {
+    for (const auto& [key, b] : table.all())
+      if (key.side == kTargetSide)
+        REQUIRE(cudaMemcpy(reinterpret_cast<void*>(host.table.find(key)->address), reinterpret_cast<const void*>(b.address),
+                           b.bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cuda device: a cudaMalloc arena with the host device's capacity accounting, streams and events") {
+  auto d = make_device({MemoryKind::cuda, 3, 1 << 20, nullptr, 0});
+  CHECK(d->kind() == MemoryKind::cuda);
+  DeviceBuffer a = d->allocate(600 << 10, "a");
+  CHECK(d->used() >= 600u << 10);
+  CHECK(error_of([&] { d->allocate(600 << 10, "b"); }).find("device 3: cannot allocate") != std::string::npos);
+  DeviceBuffer b = d->allocate(300 << 10, "b");
+  REQUIRE(cudaMemset(a.data(), 0x5a, a.size()) == cudaSuccess);
+  auto q = d->make_queue();
+  q->copy(b.data(), a.data(), b.size());
+  auto ev = q->record();
+  q->synchronize();
+  CHECK(ev->ready());
+  CHECK(q->idle());
+  std::vector<unsigned char> back(b.size());
+  REQUIRE(cudaMemcpy(back.data(), b.data(), b.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(std::all_of(back.begin(), back.end(), [](unsigned char c) { return c == 0x5a; }));
+  CHECK(error_of([&] { make_device({MemoryKind::cuda, 9, 1 << 20, nullptr, 4096}); }).find("no CUDA device 4096") != std::string::npos);
+}
+
+TEST_CASE("cuda transport: reshards between logical devices land every byte where the host run puts it") {
+  const int gpus = cuda_device_count();
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2,devices=4:5:6:7"},
+           {"tp=2,pp=2,dp=1", "tp=4,pp=1,dp=1,devices=0:1:2:3"},  // kept buffers copy in place on one device
+           {"tp=1,pp=2,dp=1", "tp=2,pp=1,dp=1,packing=fused,devices=1:0"}}) {
+    CAPTURE(from);
+    CAPTURE(to);
+    const auto plan = plan_reshard(coll(from, true), coll(to, true));
+    const auto transfers = plan.transfers();
+    testing::World host;
+    host.bind_all(plan);
+    host.pattern_sources();
+    CudaMirror gpu(host, gpus);
+    asio::io_context io;
+    auto cuda = make_cuda_transport(io);
+    ExecutorOptions opt;
+    opt.chunk_bytes = 100000;  // several chunks a transfer
+    Executor ex(*cuda, nullptr, [](DeviceId) { return PeerId{0}; }, opt);
+    const BoundTransition bound = ex.bind(transfers, plan.target(), gpu.table);
+    for (int run = 0; run < 2; ++run) {
+      const auto report = run_on(io, ex.run(bound));
+      CHECK(report.link_bytes == plan.summary().moved_bytes);
+    }
+    gpu.download(host);
+    CHECK(testing::landed_as_planned(transfers, host.table));
+  }
+}
+
+TEST_CASE("cuda transport refuses host memory, and the executor refuses a host transport for cuda memory") {
+  testing::World host;
+  const auto plan = plan_reshard(coll("tp=2,pp=1,dp=1"), coll("tp=1,pp=1,dp=2,devices=2:3"));
+  host.bind_all(plan);
+  CudaMirror gpu(host, cuda_device_count());
+  asio::io_context io;
+  LocalTransport local;
+  Executor ex(local, nullptr, [](DeviceId) { return PeerId{0}; });
+  const auto transfers = plan.transfers();
+  CHECK(error_of([&] { ex.bind(transfers, plan.target(), gpu.table); }).find("cuda memory, which the local transport does not move") !=
+        std::string::npos);
+  auto cuda = make_cuda_transport(io);
+  Executor on_host(*cuda, nullptr, [](DeviceId) { return PeerId{0}; });
+  CHECK(error_of([&] { on_host.bind(transfers, plan.target(), host.table); }).find("which the cuda transport does not move") !=
+        std::string::npos);
+}
+
+int main(int argc, char** argv) {
+  if (!cuda_built() || cuda_device_count() == 0) {
+    std::fprintf(stderr, "no CUDA device (or no CUDA in this build): skipped\n");
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
