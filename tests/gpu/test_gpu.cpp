@@ -1,7 +1,8 @@
 // The GPU suite (meson suite `gpu`, not in CI): CUDA devices, their arenas and streams,
 // and reshards between logical devices carved out of the GPUs present, moved by the cuda
-// transport through the executor and checked byte for byte against the same reshard on
-// host memory. Exits 77 (skipped) when no CUDA device is present or CUDA is not built in.
+// transport through the executor: sources patterned on the host and copied up, targets
+// copied back, and every destination element compared with the source element the plan
+// says it comes from. Exits 77 (skipped) when no CUDA device is present or CUDA is not built in.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -73,7 +74,7 @@ TEST_CASE("cuda device: a cudaMalloc arena with the host device's capacity accou
   CHECK(error_of([&] { make_device({MemoryKind::cuda, 9, 1 << 20, nullptr, 4096}); }).find("no CUDA device 4096") != std::string::npos);
 }
 
-TEST_CASE("cuda transport: reshards between logical devices land every byte where the host run puts it") {
+TEST_CASE("cuda transport: reshards between logical devices land every element where the plan puts it") {
   const int gpus = cuda_device_count();
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
            {"tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2,devices=4:5:6:7"},
