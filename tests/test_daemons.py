@@ -337,7 +337,9 @@ try:
     # (filled), compiles the global transition graph and runs it node by node; every
     # daemon checks every unit it holds against the fill.
     rc, j, err = cluster_job(addr, "--response-len", "128", "--response-len-after", "2048")
-    with_nccl = "libnccl" in subprocess.run(["ldd", NEREUSD], capture_output=True, text=True).stdout
+    # Built with NCCL (meson found it; the daemons open libnccl.so.2 at run time, found
+    # through the build's rpath here).
+    with_nccl = os.environ.get("NEREUS_NCCL_BUILT") == "1"
     check(j.get("nccl_unique_id_bytes") == (128 if with_nccl else 0),
           f"the nodes get an NCCL unique id when NCCL is built ({j.get('nccl_unique_id_bytes')} bytes, NCCL {with_nccl})")
     check(rc == 0 and j.get("verified") is True and "decision" in step1(j) and j.get("plan"),
