@@ -99,6 +99,16 @@ for procs, model, src, dst in [(1, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused",
                        "--procs", str(procs), "--repeat", "2", "--chunk-bytes", "65536")
     check(rc == 0 and j.get("verified") is True and j.get("procs") == procs and "ucx-tag" in j.get("transports", {}),
           f"ucx-tag --procs {procs} {model} {src} -> {dst} verified ({err.strip()[-300:]})")
+# Each link its path (--transport auto): local copies inside a worker, UCX gets across; in one
+# process every link is a local copy.
+for procs, want in [(1, {"local"}), (2, {"local", "ucx"})]:
+    rc, j, err = bench("--model", "tiny-llama", "--from", "tp=4,pp=1,dp=1,packing=fused", "--to", "tp=2,pp=1,dp=2",
+                       "--train", "--verify", "--transport", "auto", "--procs", str(procs), "--repeat", "2")
+    got = set(j.get("transports", {})) - {"local copy"}
+    check(rc == 0 and j.get("verified") is True and got == want and all(v["bytes"] > 0 for v in j["transports"].values()),
+          f"auto --procs {procs}: verified, links moved by {sorted(got)} (want {sorted(want)}) ({err.strip()[-300:]})")
+    if procs == 1:
+        check("memcpy_gbps" in j, "auto in one process reports memcpy_gbps as local does")
 with tempfile.TemporaryDirectory() as d:
     rc, j, err = bench("--model", "tiny-qwen2-tied", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=2,dp=1,packing=fused",
                        "--train", "--transport", "ucx", "--procs", "2", "--dump", d, "--repeat", "1")
@@ -159,6 +169,12 @@ for extra in [[], ["--transport", "ucx", "--procs", "2"]]:
                         "tp=4,pp=2,dp=1", *extra], capture_output=True, text=True, timeout=60)
     check(p.returncode == 1 and "of host memory but this machine has" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
           f"units beyond the machine's memory {extra}: one clear error ({p.stderr.strip()[-300:]})")
+# GPU units where no GPU is (this machine; the GPU suite runs them where one is): one line.
+for extra in [[], ["--procs", "2"]]:
+    p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
+                        "tp=1,pp=1,dp=2", "--transport", "cuda", *extra], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1 and "--transport cuda: " in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+          f"--transport cuda {extra} without a GPU: one clear error ({p.stderr.strip()[-300:]})")
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--procs", "2"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")

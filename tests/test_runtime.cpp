@@ -286,7 +286,36 @@ TEST_CASE("cuda transport, without a GPU: refuses host memory at bind and at pos
   l.segments.push_back({reinterpret_cast<std::uint64_t>(a.data()), reinterpret_cast<std::uint64_t>(b.data()), 64, 1, 0, 0});
   const Status st = run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
   CHECK(has(st.message(), "is not in CUDA device memory"));
-  l.op = Op::get;
+  l.op = Op::get;  // from a peer region never added
   const Status get = run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
-  CHECK(get.code() == StatusCode::not_supported);
+  CHECK(get.code() == StatusCode::invalid);
+  CHECK(has(get.message(), "no region of device 0 of peer 0 was added"));
+  l.op = Op::put;
+  const Status put = run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
+  CHECK(put.code() == StatusCode::not_supported);
+}
+
+TEST_CASE("cuda IPC, without a GPU: peers on this machine only, keys checked before CUDA sees them") {
+  if (!cuda_built()) return;
+  asio::io_context io;
+  auto cuda = make_cuda_transport(io);
+  CHECK(cuda->capabilities().remote_get);
+  std::vector<std::byte> host(64);
+  CHECK(has(error_of([&] { cuda->register_memory({host.data(), host.size(), 5, MemoryKind::host}); }),
+            "device 5's region is host memory; it registers cuda memory only"));
+  const std::vector<std::byte> me = cuda->address();
+  const std::string text(reinterpret_cast<const char*>(me.data()), me.size());
+  CHECK(text.starts_with("cuda-ipc "));
+  const std::string elsewhere = "cuda-ipc 00000000-0000-0000-0000-000000000000";
+  const Status far = cuda->connect(1, std::as_bytes(std::span(elsewhere)));
+  CHECK(far.code() == StatusCode::not_supported);
+  CHECK(has(far.message(), "peer 1 runs on another machine"));
+  const std::string junk = "ucx-address";
+  CHECK(cuda->connect(2, std::as_bytes(std::span(junk))).code() == StatusCode::invalid);
+  const std::vector<std::byte> key(88, std::byte{7});
+  CHECK(has(cuda->add_remote_region(1, 4, key).message(), "peer 1 is not connected"));
+  REQUIRE(cuda->connect(3, me).is_ok());
+  const Status bad = cuda->add_remote_region(3, 4, key);
+  CHECK(bad.code() == StatusCode::invalid);
+  CHECK(has(bad.message(), "device 4 of peer 3: the remote key is not a cuda IPC key"));
 }

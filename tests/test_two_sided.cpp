@@ -164,3 +164,83 @@ TEST_CASE("ucx tagged messages move real bytes, strided sides staged, through th
     co_return 0;
   }());
 }
+
+TEST_CASE("link path: copies inside a process, gets across, messages where asked or where gets are missing") {
+  Capabilities gets, tags, both, neither;
+  gets.remote_get = true;
+  tags.two_sided = true;
+  both.remote_get = both.two_sided = true;
+  ExecutorOptions plain, forced, all_remote;
+  forced.two_sided = true;
+  all_remote.remote_links = true;
+  // Inside one device, and between devices of one process: the copy transport.
+  for (const Capabilities* r : std::vector<const Capabilities*>{nullptr, &gets, &tags, &both, &neither}) {
+    CHECK(link_path(true, true, r, all_remote) == LinkPath::copy);
+    CHECK(link_path(false, true, r, plain) == LinkPath::copy);
+    CHECK(link_path(false, true, r, forced) == LinkPath::copy);
+  }
+  // Across processes.
+  CHECK(link_path(false, false, nullptr, plain) == LinkPath::none);
+  CHECK(link_path(false, false, &neither, plain) == LinkPath::none);
+  CHECK(link_path(false, false, &gets, plain) == LinkPath::get);
+  CHECK(link_path(false, false, &gets, forced) == LinkPath::none);
+  CHECK(link_path(false, false, &tags, plain) == LinkPath::message);  // NCCL: no gets
+  CHECK(link_path(false, false, &both, plain) == LinkPath::get);      // UCX: gets unless asked
+  CHECK(link_path(false, false, &both, forced) == LinkPath::message);
+  // Every link remote (benches): links inside the process take the remote path as well.
+  CHECK(link_path(false, true, &both, all_remote) == LinkPath::get);
+  CHECK(link_path(false, true, &tags, all_remote) == LinkPath::message);
+}
+
+namespace {
+
+/// UCX seen as a transport with tagged messages and no gets, as NCCL is: what the
+/// executor's choice sees (the bytes still move through real UCX).
+class TagsOnly final : public Transport {
+ public:
+  explicit TagsOnly(UcxTransport& inner) : inner_(inner) {}
+  std::string_view name() const override { return "tags-only"; }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_.capabilities();
+    c.remote_get = c.remote_put = false;
+    return c;
+  }
+  Registration register_memory(const MemoryRegion& r) override { return inner_.register_memory(r); }
+  void deregister_memory(const Registration& r) override { inner_.deregister_memory(r); }
+  asio::awaitable<Status> post(DescriptorList list) override {
+    if (list.op == Op::get || list.op == Op::put) co_return Status{StatusCode::not_supported, "tags-only: no gets"};
+    co_return co_await inner_.post(std::move(list));
+  }
+
+ private:
+  UcxTransport& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("a remote transport without gets moves links as messages without being asked") {
+  const auto plan = plan_reshard(coll("tp=2,pp=1,dp=1", true), coll("tp=1,pp=1,dp=2,devices=2:3", true));
+  const auto transfers = plan.transfers();
+  testing::World w;
+  w.bind_all(plan);
+  w.pattern_sources();
+  asio::io_context io;
+  UcxTransport ucx(io);
+  REQUIRE(ucx.connect(0, ucx.address()).is_ok());
+  TagsOnly tags(ucx);
+  LocalTransport local({1, 4096});
+  ExecutorOptions opt;
+  opt.chunk_bytes = 1 << 16;
+  opt.remote_links = true;  // two_sided left false: the transport's capabilities decide
+  Executor ex(local, &tags, [](DeviceId) { return PeerId{0}; }, opt);
+  const BoundTransition bound = ex.bind(transfers, plan.target(), w.table);
+  CHECK(!bound.messages().empty());
+  const auto report = run_on(io, ex.run(bound));
+  CHECK(report.sent_bytes == plan.summary().moved_bytes);
+  CHECK(report.link_bytes == plan.summary().moved_bytes);
+  CHECK(testing::landed_as_planned(transfers, w.table));
+  run_on(io, [&]() -> asio::awaitable<int> {
+    co_await ucx.shutdown();
+    co_return 0;
+  }());
+}

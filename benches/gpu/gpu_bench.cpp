@@ -38,13 +38,16 @@ double median(std::vector<double> v) {
 double memcpy_d2d_gbps(std::size_t bytes, int repeat) {
   void *a = nullptr, *b = nullptr;
   if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) throw Error("cudaMalloc for the D2D baseline failed");
-  cudaMemset(a, 1, bytes);
-  cudaDeviceSynchronize();
+  auto check = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw Error(std::string("D2D baseline: ") + what + " failed: " + cudaGetErrorString(e));
+  };
+  check(cudaMemset(a, 1, bytes), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   std::vector<double> secs;
   for (int i = 0; i <= repeat; ++i) {
     const auto t0 = clock_type::now();
-    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-    cudaDeviceSynchronize();
+    check(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     if (i > 0) secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());  // the first warms up
   }
   cudaFree(a);
@@ -125,7 +128,7 @@ int main(int argc, char** argv) {
     small["ratio_to_cudamemcpy"] = small["copy_gbps"].get<double>() / d2d;
     out["reshard_d2d"] = small;
     if (!smoke) out["llama_3_1_8b_tp8_to_tp2_dp4"] = reshard("llama-3.1-8b", "tp=8,pp=1,dp=1", "tp=2,pp=1,dp=4", 3, gpus);
-    out["ipc"] = "not measured: cross-process CUDA IPC is not built yet";
+    // Cross-process (CUDA IPC) reshards: run.sh runs `nereus bench transition --transport cuda`.
     out["nccl"] = gpus >= 2 ? "not measured: the NCCL transport is not built yet"
                             : "not measurable: NCCL refuses two ranks on one GPU";
     std::printf("%s\n", out.dump().c_str());

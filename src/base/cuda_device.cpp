@@ -82,6 +82,16 @@ class CudaDevice final : public Device {
   }
   MemoryKind kind() const override { return MemoryKind::cuda; }
   std::unique_ptr<DeviceQueue> make_queue() override { return std::make_unique<CudaQueue>(id(), gpu_); }
+  void upload(std::byte* dst, const std::byte* host, std::size_t n) override {
+    use_gpu(id(), gpu_);
+    if (cudaError_t e = cudaMemcpy(dst, host, n, cudaMemcpyHostToDevice); e != cudaSuccess)
+      throw Error("device " + std::to_string(id()) + ": upload of " + std::to_string(n) + " bytes failed: " + cuda_error(e));
+  }
+  void download(std::byte* host, const std::byte* src, std::size_t n) const override {
+    use_gpu(id(), gpu_);
+    if (cudaError_t e = cudaMemcpy(host, src, n, cudaMemcpyDeviceToHost); e != cudaSuccess)
+      throw Error("device " + std::to_string(id()) + ": download of " + std::to_string(n) + " bytes failed: " + cuda_error(e));
+  }
 
  private:
   int gpu_;

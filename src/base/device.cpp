@@ -44,6 +44,9 @@ Device::Device(DeviceId id, std::byte* arena, std::size_t capacity)
 
 Device::~Device() = default;
 
+void Device::upload(std::byte* dst, const std::byte* host, std::size_t n) { std::memcpy(dst, host, n); }
+void Device::download(std::byte* host, const std::byte* src, std::size_t n) const { std::memcpy(host, src, n); }
+
 DeviceBuffer Device::allocate(std::size_t n, std::string_view what) {
   const std::size_t want = round_up(std::max<std::size_t>(n, 1));
   std::lock_guard lock(mu_);

@@ -17,7 +17,17 @@ using json = nlohmann::json;
 
 /// The bench's settings: the reshard, plus how to run and report it.
 struct TransitionConfig : ReshardSpec {
-  std::string transport = "local";  ///< local | ucx | ucx-tag (two_sided set to match)
+  /// local | ucx | ucx-tag (two_sided set to match) | auto: each link the path that
+  /// reaches it (runtime link_path): local copies inside a process, UCX gets across |
+  /// cuda: units in GPU memory (`cuda` set to match), copies inside a process, CUDA IPC
+  /// gets across.
+  std::string transport = "local";
+  /// What moves links inside a process, and between processes.
+  std::string local_name() const { return transport == "cuda" ? "cuda" : "local"; }
+  std::string remote_name() const { return transport == "cuda" ? "cuda-ipc" : transport == "ucx-tag" ? "ucx-tag" : "ucx"; }
+  /// One process, and every link between its devices through UCX (--transport ucx or
+  /// ucx-tag): what the bench measures of UCX without a second process.
+  bool every_link_remote() const { return procs == 1 && daemons.empty() && (transport == "ucx" || transport == "ucx-tag"); }
   int procs = 1;
   int repeat = 3;
   bool verify = false;
@@ -59,7 +69,8 @@ inline bool wants_timings(const TransitionConfig& c) { return !c.perfetto.empty(
 struct TransferLabels {
   std::function<int(int)> owner;  ///< device → the process (node) that owns it
   bool links_remote = false;      ///< every link through the remote transport
-  std::string remote = "ucx";     ///< its name: ucx (gets) or ucx-tag (tagged messages)
+  std::string remote = "ucx";     ///< its name: ucx (gets), ucx-tag (tagged messages), cuda-ipc
+  std::string local = "local";    ///< what links inside a process take: local, cuda
   std::string operator()(int src, int dst) const;
 };
 /// The labels for a run of `c` over `p`'s devices; `devices_per_node` with --daemons.

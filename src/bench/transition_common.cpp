@@ -15,6 +15,7 @@
 #include "nereus/plan/geometry.hpp"
 #include "nereus/base/trace_events.hpp"
 #include "nereus/runtime/participant.hpp"
+#include "nereus/transport/cuda.hpp"
 #include "transition_bench.hpp"
 
 namespace nereus::bench {
@@ -143,7 +144,7 @@ std::string link_plot(const TransitionConfig& c, const std::map<int, json>& timi
 
 std::string TransferLabels::operator()(int src, int dst) const {
   if (src == dst) return "local copy";
-  return links_remote || owner(src) != owner(dst) ? remote : "local";
+  return links_remote || owner(src) != owner(dst) ? remote : local;
 }
 
 TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node) {
@@ -155,9 +156,9 @@ TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int
     std::map<int, int> owner;
     for (int r = 0; r < c.procs; ++r)
       for (DeviceId d : devices_of(p.devices, r, c.procs)) owner[static_cast<int>(d)] = r;
-    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false, c.transport};
+    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false, c.remote_name(), c.local_name()};
   }
-  return {[](int) { return 0; }, c.transport != "local", c.transport};
+  return {[](int) { return 0; }, c.every_link_remote(), c.remote_name(), c.local_name()};
 }
 
 json transports_json(const TransferLabels& labels, const std::map<int, json>& timings) {
@@ -184,11 +185,14 @@ void write_transfer_outputs(const TransitionConfig& c, const TransferLabels& lab
 }
 
 Prepared prepare(const TransitionConfig& c) {
-  if (c.transport != "local" && c.transport != "ucx" && c.transport != "ucx-tag")
-    throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag");
+  if (c.transport != "local" && c.transport != "ucx" && c.transport != "ucx-tag" && c.transport != "auto" && c.transport != "cuda")
+    throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag, auto, cuda");
+  if (c.transport == "cuda" && !cuda_built())
+    throw Error("--transport cuda: this build has no CUDA (reconfigure with -Dcuda=enabled)");
+  if (c.transport == "cuda" && cuda_device_count() == 0) throw Error("--transport cuda: no CUDA device is present");
   if (c.procs < 1) throw Error("--procs must be at least 1");
   if (c.procs > 1 && c.transport == "local")
-    throw Error("--transport local moves bytes inside one process; use --transport ucx or ucx-tag with --procs " + std::to_string(c.procs));
+    throw Error("--transport local moves bytes inside one process; use --transport ucx, ucx-tag, auto or cuda with --procs " + std::to_string(c.procs));
   if (c.repeat < 1) throw Error("--repeat must be at least 1");
   Prepared p = prepare_reshard(c);
   if (c.procs > static_cast<int>(p.devices.size()))

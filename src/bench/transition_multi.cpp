@@ -226,7 +226,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
 
 int run_parent(const TransitionConfig& c, const std::string& self_exe, const std::vector<std::string>& argv) {
   Prepared p = prepare(c);
-  check_host_memory(p);  // every worker runs on this machine
+  if (!c.cuda) check_host_memory(p);  // every worker runs on this machine
   asio::io_context io;
   std::vector<Child> kids(static_cast<std::size_t>(c.procs));
   for (int r = 0; r < c.procs; ++r) {

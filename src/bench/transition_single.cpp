@@ -7,6 +7,7 @@
 #include "nereus/base/progress.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/unit_store.hpp"
+#include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/ucx.hpp"
 #include "transition_bench.hpp"
@@ -37,17 +38,19 @@ T run_until_done(asio::io_context& io, asio::awaitable<T> a) {
 
 int run_single_process(const TransitionConfig& c) {
   Prepared p = prepare(c);
-  check_host_memory(p);
+  if (!c.cuda) check_host_memory(p);
   asio::io_context io;
   std::unique_ptr<UcxTransport> ucx;  // before the store: it allocates the store's arenas
-  if (c.transport != "local") {
+  if (c.every_link_remote()) {
     UcxOptions uo;
     uo.peer_error_handling = c.ucx_peer_errors;
     ucx = std::make_unique<UcxTransport>(io, uo);
   }
-  UnitStore store(p.plan, p.devices, c.capacity.empty() ? 0 : parse_capacity(c.capacity), 0, ucx.get());
+  UnitStore store(p.plan, p.devices, c.capacity.empty() ? 0 : parse_capacity(c.capacity), 0, ucx.get(),
+                  c.cuda ? MemoryKind::cuda : MemoryKind::host, c.cuda ? cuda_device_count() : 1);
   store.allocate_and_fill(c.copy_threads);
   LocalTransport local({c.copy_threads, 1 << 20});
+  std::unique_ptr<Transport> cuda = c.cuda ? make_cuda_transport(io) : nullptr;
   std::vector<Registration> regs;
   if (ucx) {
     if (Status st = ucx->connect(0, ucx->address()); !st) throw Error(st.message());
@@ -61,7 +64,7 @@ int run_single_process(const TransitionConfig& c) {
   eo.chunk_bytes = c.chunk_bytes;
   eo.remote_links = ucx != nullptr;
   eo.two_sided = c.two_sided;
-  Executor ex(local, ucx.get(), [](DeviceId) { return PeerId{0}; }, eo);
+  Executor ex(cuda ? *cuda : static_cast<Transport&>(local), ucx.get(), [](DeviceId) { return PeerId{0}; }, eo);
   const auto transfers = p.plan.transfers();
   const BoundTransition bound = ex.bind(transfers, p.target, store.table());
 
@@ -100,7 +103,7 @@ int run_single_process(const TransitionConfig& c) {
   const double median = out["seconds_median"];
   out["units_committed"] = last.commits.size();
   out["peak_device_bytes"] = store.peak_bytes();
-  if (c.transport == "local") {
+  if (!ucx && !cuda) {  // local, or auto in one process: every link a local copy
     const double mc = memcpy_gbps(c.copy_threads);
     out["memcpy_gbps"] = mc;
     out["ratio_to_memcpy"] = copied / median / 1e9 / mc;
@@ -131,8 +134,8 @@ int run_single_process(const TransitionConfig& c) {
 int run_transition_bench(const TransitionConfig& c, const std::vector<std::string>& argv) {
   if (c.worker_rank >= 0) return run_worker(c);
   if (!c.daemons.empty()) {
-    if (c.transport == "ucx-tag")
-      throw Error("--transport ucx-tag runs in one process or with --procs; the daemons move bytes with UCX gets");
+    if (c.transport == "ucx-tag" || c.transport == "cuda")
+      throw Error("--transport " + c.transport + " runs in one process or with --procs; the daemons move host memory with UCX gets");
     return run_on_daemons(c);
   }
   if (c.procs == 1) return run_single_process(c);

@@ -18,9 +18,10 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--to", c->to, "target layout spec")->required();
   t->add_flag("--train", c->train, "every unit carries the training slots");
   t->add_flag("--sync", c->sync, "weight sync: training source, generation target (param only)");
-  t->add_option("--transport", c->transport, "local | ucx (one-sided gets) | ucx-tag (tagged send/recv)")
-      ->check(CLI::IsMember({"local", "ucx", "ucx-tag"}));
-  t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx or ucx-tag")
+  t->add_option("--transport", c->transport, "local | ucx (one-sided gets) | ucx-tag (tagged send/recv) | auto (per link: local copies inside a process, UCX gets "
+                 "across) | cuda (units in GPU memory: copies, CUDA IPC gets across processes)")
+      ->check(CLI::IsMember({"local", "ucx", "ucx-tag", "auto", "cuda"}));
+  t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx, ucx-tag, auto or cuda")
       ->check(CLI::PositiveNumber);
   t->add_option("--repeat", c->repeat, "runs to time (default 3)")->check(CLI::PositiveNumber);
   t->add_flag("--verify", c->verify, "check every destination (and source) byte against the fill");
@@ -47,6 +48,7 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--inject-kill-node", c->kill_node)->group("");
   t->callback([c, &argv] {
     c->two_sided = c->transport == "ucx-tag";
+    c->cuda = c->transport == "cuda";
     const int rc = bench::run_transition_bench(*c, argv);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -107,6 +107,14 @@ std::uint64_t message_tag(std::uint32_t run, DeviceId src, DeviceId dst, std::ui
          (static_cast<std::uint64_t>(dst & 0xffff) << 24) | (ordinal & 0xffffffu);
 }
 
+LinkPath link_path(bool same_device, bool same_process, const Capabilities* remote, const ExecutorOptions& options) {
+  if (same_device || (same_process && !(options.remote_links && remote))) return LinkPath::copy;
+  if (!remote) return LinkPath::none;
+  if (remote->two_sided && (options.two_sided || !remote->remote_get)) return LinkPath::message;
+  if (remote->remote_get && !options.two_sided) return LinkPath::get;
+  return LinkPath::none;
+}
+
 BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collection& target,
                                const BufferTable& table) const {
   std::unordered_map<DeviceId, std::uint32_t> unit_of;
@@ -128,13 +136,14 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       throw Error(describe(t, i) + ": its " + end + " is " + std::string(to_string(kind)) + " memory, which the " +
                   std::string((local ? copies_ : *remote_).name()) + " transport does not move");
   };
+  const Capabilities* reach = remote_ ? &remote_can : nullptr;
   for (std::size_t i = 0; i < transfers.size(); ++i) {
     const Transfer& t = transfers[i];
     const bool dst_here = owner_of_(t.dst) == options_.self;
-    // Two-sided, the source's process sends what crosses processes (and, with every link
-    // remote, what crosses devices here: this process then also receives it).
-    const bool send_here = options_.two_sided && t.src != t.dst && owner_of_(t.src) == options_.self &&
-                           (!dst_here || options_.remote_links);
+    // A message is sent by the source's process (and, with every link remote, received
+    // by this same process when the destination is here too).
+    const bool send_here = owner_of_(t.src) == options_.self && t.src != t.dst &&
+                           link_path(false, dst_here, reach, options_) == LinkPath::message;
     if (!dst_here && !send_here) continue;
     auto unit = unit_of.find(t.dst);
     if (unit == unit_of.end()) throw Error(describe(t, i) + ": destination device is not in the target collection");
@@ -168,13 +177,17 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       b.skipped_keep_ += t.bytes;
       continue;
     }
-    const bool local = src->owner == options_.self && !(options_.remote_links && remote_ && t.src != t.dst);
-    if (!local && !remote_)
+    const LinkPath path = link_path(t.src == t.dst, src->owner == options_.self, reach, options_);
+    if (path == LinkPath::none && !remote_)
       throw Error(describe(t, i) + ": its source is in process " + std::to_string(src->owner) + " but no remote transport is set");
+    if (path == LinkPath::none)
+      throw Error(describe(t, i) + ": its source is in process " + std::to_string(src->owner) + " and the " +
+                  std::string(remote_->name()) + " transport has neither gets nor tagged messages");
+    const bool local = path == LinkPath::copy;
     check_kind(t, i, local, src->kind, "source");
     check_kind(t, i, local, dst->kind, "destination");
     BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), unit->second, {}, t.src == t.dst, {}};
-    op.list.op = local ? Op::copy : options_.two_sided ? Op::recv : Op::get;
+    op.list.op = local ? Op::copy : path == LinkPath::message ? Op::recv : Op::get;
     op.list.kind = dst->kind;
     op.list.peer = src->owner;
     op.list.local_device = t.dst;
@@ -229,19 +242,19 @@ std::vector<Message> BoundTransition::messages() const {
   return out;
 }
 
-std::unique_ptr<std::byte[]> Executor::staging(std::size_t bytes) {
+Executor::Staging Executor::staging(std::size_t bytes) {
   for (auto it = spare_staging_.begin(); it != spare_staging_.end(); ++it)
-    if (it->second >= bytes) {
-      auto buf = std::move(it->first);
+    if (it->size >= bytes) {
+      Staging buf = std::move(*it);
       spare_staging_.erase(it);
       return buf;
     }
-  return std::unique_ptr<std::byte[]>(new std::byte[bytes]);  // not zeroed: the message overwrites it
+  return {std::unique_ptr<std::byte[]>(new std::byte[bytes]), bytes};  // not zeroed: the message overwrites it
 }
 
-void Executor::give_back(std::unique_ptr<std::byte[]> buffer, std::size_t bytes) {
+void Executor::give_back(Staging buffer) {
   // Kept for the next messages (no allocation or first-touch faults per chunk), a few at most.
-  if (spare_staging_.size() < 16) spare_staging_.emplace_back(std::move(buffer), bytes);
+  if (spare_staging_.size() < 16) spare_staging_.push_back(std::move(buffer));
 }
 
 asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint64_t tag) {
@@ -265,8 +278,8 @@ asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint6
   // Strided on our side: pack into contiguous staging before sending, or unpack after
   // receiving, on the copy threads (never on the event loop).
   const std::uint64_t total = part.bytes();
-  auto buffer = staging(total);
-  const auto base = reinterpret_cast<std::uint64_t>(buffer.get());
+  Staging buffer = staging(total);
+  const auto base = reinterpret_cast<std::uint64_t>(buffer.memory.get());
   DescriptorList copy;
   copy.op = Op::copy;
   copy.kind = part.kind;
@@ -282,7 +295,7 @@ asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint6
   if (sends) st = co_await copies_.post(copy);
   if (st) st = co_await remote_->post(std::move(msg));
   if (st && !sends) st = co_await copies_.post(copy);
-  give_back(std::move(buffer), total);
+  give_back(std::move(buffer));
   co_return st;
 }
 

@@ -31,10 +31,14 @@ Participant::Participant(asio::io_context& io, const ReshardSpec& c, const Prepa
       mine_(std::move(mine)),
       self_(self),
       owner_(std::move(owner)),
-      ucx_(io, ucx_options(c)),
-      store_(p.plan, mine_, c.capacity.empty() ? 0 : parse_capacity(c.capacity), self, c.shared_arenas ? &ucx_ : nullptr),
+      ucx_(c.cuda ? nullptr : std::make_unique<UcxTransport>(io, ucx_options(c))),
+      cuda_(c.cuda ? make_cuda_transport(io) : nullptr),
+      store_(p.plan, mine_, c.capacity.empty() ? 0 : parse_capacity(c.capacity), self, c.shared_arenas ? ucx_.get() : nullptr,
+             c.cuda ? MemoryKind::cuda : MemoryKind::host, c.cuda ? std::max(1, cuda_device_count()) : 1),
       local_({c.copy_threads, 1 << 20}),
-      scope_(io.get_executor()) {}
+      scope_(io.get_executor()) {
+  if (c.cuda && c.two_sided) throw Error("cuda units move by copies and CUDA IPC gets; two-sided messages need UCX or NCCL");
+}
 
 Participant::~Participant() {
   if (scope_.pending() > 0) std::_Exit(3);  // a transfer that would not stop still writes our arenas
@@ -45,9 +49,9 @@ void Participant::fill() { store_.allocate_and_fill(c_.copy_threads); }
 PeerInfo Participant::publish() {
   PeerInfo info;
   info.rank = self_;
-  info.address = ucx_.address();
+  info.address = remote().address();
   for (auto& [d, dev] : store_.devices()) {
-    regs_.push_back(ucx_.register_memory({dev->arena(), dev->capacity(), d, MemoryKind::host}));
+    regs_.push_back(remote().register_memory({dev->arena(), dev->capacity(), d, dev->kind()}));
     info.regions.push_back({d, regs_.back().remote_key});
   }
   for (const auto& [key, b] : store_.table().all())
@@ -58,12 +62,13 @@ PeerInfo Participant::publish() {
 void Participant::connect(const std::vector<PeerInfo>& peers) {
   for (const PeerInfo& w : peers) {
     if (w.rank == self_) continue;
-    if (Status st = ucx_.connect(w.rank, w.address); !st) throw Error(st.message());
+    if (Status st = remote().connect(w.rank, w.address); !st) throw Error(st.message());
     for (const auto& reg : w.regions)
-      if (Status st = ucx_.add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
+      if (Status st = remote().add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
     for (const auto& b : w.buffers) {
       store_.table().bind({b.side, b.device, b.buffer, b.slot}, {b.address, b.bytes, w.rank, b.kind});
-      if (const std::byte* at = ucx_.mapped(w.rank, b.device, b.address)) mapped_sources_.push_back({at, b.bytes});
+      if (!ucx_) continue;
+      if (const std::byte* at = ucx_->mapped(w.rank, b.device, b.address)) mapped_sources_.push_back({at, b.bytes});
     }
   }
   ExecutorOptions eo;
@@ -71,7 +76,7 @@ void Participant::connect(const std::vector<PeerInfo>& peers) {
   eo.chunk_bytes = c_.chunk_bytes;
   eo.self = self_;
   eo.two_sided = c_.two_sided;
-  ex_ = std::make_unique<Executor>(local_, &ucx_, owner_, eo);
+  ex_ = std::make_unique<Executor>(cuda_ ? *cuda_ : static_cast<Transport&>(local_), &remote(), owner_, eo);
   bound_ = std::make_unique<BoundTransition>(ex_->bind(p_.plan.transfers_touching(mine_), p_.target, store_.table()));
 }
 
@@ -104,7 +109,7 @@ void Participant::run(std::function<asio::awaitable<void>(RunResult)> done) {
 }
 
 asio::awaitable<bool> Participant::abort(std::chrono::milliseconds limit) {
-  ucx_.quarantine();  // aborted because a peer failed: its requests may never complete
+  quarantine();  // aborted because a peer failed: its requests may never complete
   if (ex_) ex_->cancel();
   stuck_ = !co_await scope_.join_within(limit);
   co_return !stuck_;
@@ -121,9 +126,9 @@ nlohmann::json Participant::dump(const std::string& dir) const { return store_.d
 asio::awaitable<bool> Participant::finish(std::chrono::milliseconds limit) {
   if (ex_) ex_->cancel();
   if (stuck_ || !co_await scope_.join_within(limit)) co_return false;
-  for (const auto& r : regs_) ucx_.deregister_memory(r);
+  for (const auto& r : regs_) remote().deregister_memory(r);
   regs_.clear();
-  co_await ucx_.shutdown();
+  if (ucx_) co_await ucx_->shutdown();
   co_return true;
 }
 

@@ -125,8 +125,9 @@ FillCheck check_buffer(const ModelSpec& m, const BufferSpec& b, const std::byte*
   return res;
 }
 
-UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self, ArenaSource* arenas)
-    : plan_(plan), mine_(std::move(devices)), capacity_(capacity), self_(self), arenas_(arenas) {
+UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self, ArenaSource* arenas,
+                     MemoryKind kind, int gpus)
+    : plan_(plan), mine_(std::move(devices)), capacity_(capacity), self_(self), arenas_(arenas), kind_(kind), gpus_(std::max(1, gpus)) {
   for (std::uint32_t c = 0; c < plan.sources().size(); ++c) {
     auto b = collection_buffers(plan.sources()[c], c, mine_);
     sources_.insert(sources_.end(), b.begin(), b.end());
@@ -161,7 +162,8 @@ void UnitStore::allocate_and_fill(unsigned threads) {
   for (const auto& b : targets_)
     if (!alias.count(b.key)) need[b.key.device] += (b.bytes() + 255) / 256 * 256;
   for (DeviceId d : mine_)
-    devices_[d] = make_device({MemoryKind::host, d, capacity_ ? capacity_ : need[d] + (1 << 20), arenas_});
+    devices_[d] = make_device({kind_, d, capacity_ ? capacity_ : need[d] + (1 << 20), kind_ == MemoryKind::host ? arenas_ : nullptr,
+                               static_cast<int>(d) % gpus_});
   for (const auto* list : {&sources_, &targets_})
     for (const auto& b : *list) {
       if (alias.count(b.key)) continue;
@@ -182,9 +184,14 @@ void UnitStore::allocate_and_fill(unsigned threads) {
   const std::size_t jobs = sources_.size() + targets_.size();
   auto work = [&] {
     for (std::size_t i = next++; i < jobs; i = next++) {
-      if (i < sources_.size()) {
+      if (i < sources_.size() && kind_ != MemoryKind::host) {  // filled on the host, then uploaded
+        const BufferSpec& b = sources_[i];
+        std::vector<std::byte> staging(b.bytes());
+        fill_buffer(m, b, staging.data());
+        devices_.at(b.key.device)->upload(const_cast<std::byte*>(address(b)), staging.data(), staging.size());
+      } else if (i < sources_.size()) {
         fill_buffer(m, sources_[i], const_cast<std::byte*>(address(sources_[i])));
-      } else if (const BufferSpec& t = targets_[i - sources_.size()]; !alias.count(t.key)) {
+      } else if (const BufferSpec& t = targets_[i - sources_.size()]; !alias.count(t.key) && kind_ == MemoryKind::host) {
         commit_pages(const_cast<std::byte*>(address(t)), t.bytes());
       }
     }
@@ -201,12 +208,21 @@ const std::byte* UnitStore::address(const BufferSpec& b) const {
   return reinterpret_cast<const std::byte*>(x->address);
 }
 
+template <class F>
+auto UnitStore::on_host(const BufferSpec& b, F&& use) const {
+  if (kind_ == MemoryKind::host) return use(address(b));
+  std::vector<std::byte> copy(b.bytes());
+  devices_.at(b.key.device)->download(copy.data(), address(b), copy.size());
+  return use(static_cast<const std::byte*>(copy.data()));
+}
+
 FillCheck UnitStore::verify(const std::vector<BufferSpec>& bufs, unsigned threads) const {
   const ModelSpec& m = *plan_.target().model;
   std::atomic<std::size_t> next{0};
   std::vector<FillCheck> results(std::max(1u, threads));
   auto work = [&](FillCheck& res) {
-    for (std::size_t i = next++; i < bufs.size(); i = next++) res.merge(check_buffer(m, bufs[i], address(bufs[i])));
+    for (std::size_t i = next++; i < bufs.size(); i = next++)
+      res.merge(on_host(bufs[i], [&](const std::byte* at) { return check_buffer(m, bufs[i], at); }));
   };
   std::vector<std::thread> pool;
   for (unsigned k = 1; k < results.size(); ++k) pool.emplace_back(work, std::ref(results[k]));
@@ -234,7 +250,7 @@ nlohmann::json UnitStore::dump(const std::string& dir) const {
     const std::string rel = std::to_string(b.key.device) + "/" + name + "@" + std::string(to_string(b.key.slot)) + ".bin";
     fs::create_directories(fs::path(dir) / std::to_string(b.key.device));
     std::ofstream out(fs::path(dir) / rel, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(address(b)), static_cast<std::streamsize>(b.bytes()));
+    on_host(b, [&](const std::byte* at) { out.write(reinterpret_cast<const char*>(at), static_cast<std::streamsize>(b.bytes())); });
     if (!out) throw Error("cannot write " + (fs::path(dir) / rel).string());
     nlohmann::json e = {{"file", rel},
                         {"device", b.key.device},

@@ -1,9 +1,14 @@
 #include "nereus/transport/cuda.hpp"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
+#include <cstring>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,21 +30,126 @@ int gpu_of(std::uint64_t p) {
   return a.type == cudaMemoryTypeDevice ? a.device : -1;
 }
 
+/// This machine's boot id: processes that share it can open each other's IPC handles.
+std::string boot_id() {
+  std::string id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> id;
+  return id.empty() ? "unknown-boot" : id;
+}
+
+/// A registered allocation as a peer sees it (the remote key, fixed little-endian layout).
+struct IpcKey {
+  static constexpr std::uint32_t kMagic = 0x4350494e;  // "NIPC"
+  std::uint32_t pid = 0;
+  std::uint64_t base = 0, size = 0;
+  cudaIpcMemHandle_t handle{};
+
+  std::vector<std::byte> encode() const {
+    std::vector<std::byte> out(8 + 16 + sizeof handle);
+    std::memcpy(out.data(), &kMagic, 4);
+    std::memcpy(out.data() + 4, &pid, 4);
+    std::memcpy(out.data() + 8, &base, 8);
+    std::memcpy(out.data() + 16, &size, 8);
+    std::memcpy(out.data() + 24, &handle, sizeof handle);
+    return out;
+  }
+  static std::optional<IpcKey> decode(std::span<const std::byte> in) {
+    IpcKey k;
+    std::uint32_t magic = 0;
+    if (in.size() != 8 + 16 + sizeof k.handle) return std::nullopt;
+    std::memcpy(&magic, in.data(), 4);
+    if (magic != kMagic) return std::nullopt;
+    std::memcpy(&k.pid, in.data() + 4, 4);
+    std::memcpy(&k.base, in.data() + 8, 8);
+    std::memcpy(&k.size, in.data() + 16, 8);
+    std::memcpy(&k.handle, in.data() + 24, sizeof k.handle);
+    return k;
+  }
+};
+
+/// A peer's allocation mapped here.
+struct RemoteRegion {
+  std::uint64_t base = 0, size = 0;  ///< in the peer's address space
+  std::byte* mapped = nullptr;       ///< the same bytes here
+  bool opened = false;               ///< through cudaIpcOpenMemHandle (closed with the transport)
+};
+
 class CudaTransport final : public Transport {
  public:
   CudaTransport(asio::io_context& io, CudaTransportOptions o) : io_(io), o_(o) {
     if (o_.streams_per_gpu == 0) o_.streams_per_gpu = 1;
   }
   ~CudaTransport() override {
+    for (auto& [key, r] : regions_)
+      if (r.opened) cudaIpcCloseMemHandle(r.mapped);
     for (auto& [gpu, streams] : streams_)
       for (cudaStream_t s : streams) cudaStreamDestroy(s);
   }
   std::string_view name() const override { return "cuda"; }
-  Capabilities capabilities() const override { return {true, false, false, true, {MemoryKind::cuda}, false}; }
-  Registration register_memory(const MemoryRegion& region) override { return {region, {}, 0}; }
+  Capabilities capabilities() const override { return {true, true, false, true, {MemoryKind::cuda}, false}; }
+
+  Registration register_memory(const MemoryRegion& region) override {
+    if (region.kind != MemoryKind::cuda)
+      throw Error("cuda transport: device " + std::to_string(region.device) + "'s region is " +
+                  std::string(to_string(region.kind)) + " memory; it registers cuda memory only");
+    IpcKey k;
+    k.pid = static_cast<std::uint32_t>(::getpid());
+    k.base = reinterpret_cast<std::uint64_t>(region.base);
+    k.size = region.size;
+    check(cudaIpcGetMemHandle(&k.handle, region.base), "cudaIpcGetMemHandle (a whole cudaMalloc allocation is registered)");
+    return {region, k.encode(), 0};
+  }
+
+  std::vector<std::byte> address() const override {
+    const std::string id = "cuda-ipc " + boot_;
+    return {reinterpret_cast<const std::byte*>(id.data()), reinterpret_cast<const std::byte*>(id.data()) + id.size()};
+  }
+
+  Status connect(PeerId peer, std::span<const std::byte> address) override {
+    const std::string id(reinterpret_cast<const char*>(address.data()), address.size());
+    if (!id.starts_with("cuda-ipc "))
+      return {StatusCode::invalid, "cuda transport: peer " + std::to_string(peer) + "'s address is not a cuda-ipc address"};
+    if (id.substr(9) != boot_)
+      return {StatusCode::not_supported, "cuda transport: peer " + std::to_string(peer) +
+                                              " runs on another machine (boot id " + id.substr(9) +
+                                              "); CUDA IPC reaches processes of this machine only"};
+    connected_.insert(peer);
+    return Status::ok();
+  }
+
+  Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key) override {
+    if (!connected_.contains(peer))
+      return {StatusCode::invalid, "cuda transport: peer " + std::to_string(peer) + " is not connected"};
+    const std::optional<IpcKey> k = IpcKey::decode(key);
+    if (!k)
+      return {StatusCode::invalid, "cuda transport: device " + std::to_string(remote_device) + " of peer " +
+                                       std::to_string(peer) + ": the remote key is not a cuda IPC key"};
+    RemoteRegion r{k->base, k->size, reinterpret_cast<std::byte*>(k->base), false};
+    if (k->pid != static_cast<std::uint32_t>(::getpid())) {  // CUDA refuses to open a handle in its own process
+      void* p = nullptr;
+      const cudaError_t e = cudaIpcOpenMemHandle(&p, k->handle, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return {StatusCode::io_error, "cuda transport: cannot open device " + std::to_string(remote_device) + " of peer " +
+                                          std::to_string(peer) + ": cudaIpcOpenMemHandle failed: " + cuda_error(e)};
+      }
+      r.mapped = static_cast<std::byte*>(p);
+      r.opened = true;
+    }
+    auto [it, fresh] = regions_.try_emplace({peer, remote_device}, r);
+    if (!fresh) {  // the peer registered the device again (restarted): the old mapping goes
+      if (it->second.opened) cudaIpcCloseMemHandle(it->second.mapped);
+      it->second = r;
+    }
+    return Status::ok();
+  }
 
   asio::awaitable<Status> post(DescriptorList list) override {
-    if (list.op != Op::copy) co_return Status{StatusCode::not_supported, "cuda transport: copies inside this process only"};
+    if (list.op == Op::get) {
+      if (Status st = to_mapped(list); !st) co_return st;
+    } else if (list.op != Op::copy) {
+      co_return Status{StatusCode::not_supported, "cuda transport: copies and gets only (no puts or tagged messages)"};
+    }
     if (list.segments.empty()) co_return Status::ok();
     cudaEvent_t done = nullptr;
     try {
@@ -95,6 +205,23 @@ class CudaTransport final : public Transport {
     return e;
   }
 
+  /// Rewrites a get's source addresses (the peer's) as the mapping's here.
+  Status to_mapped(DescriptorList& list) const {
+    auto it = regions_.find({list.peer, list.remote_device});
+    if (it == regions_.end())
+      return {StatusCode::invalid, "cuda transport: no region of device " + std::to_string(list.remote_device) + " of peer " +
+                                       std::to_string(list.peer) + " was added"};
+    const RemoteRegion& r = it->second;
+    for (Segment& g : list.segments) {
+      const std::uint64_t last = g.src + (g.count > 1 ? (g.count - 1) * g.src_stride : 0) + g.bytes;
+      if (g.src < r.base || last > r.base + r.size)
+        return {StatusCode::invalid, "cuda transport: a get reads outside device " + std::to_string(list.remote_device) +
+                                         "'s registered region of peer " + std::to_string(list.peer)};
+      g.src = reinterpret_cast<std::uint64_t>(r.mapped) + (g.src - r.base);
+    }
+    return Status::ok();
+  }
+
   cudaStream_t stream(int gpu) {
     auto& pool = streams_[gpu];
     if (pool.empty())
@@ -115,6 +242,9 @@ class CudaTransport final : public Transport {
   std::map<int, std::vector<cudaStream_t>> streams_;
   std::map<int, std::size_t> next_;
   std::set<std::pair<int, int>> peers_;  // (dst gpu, src gpu) with peer access enabled
+  std::string boot_ = boot_id();
+  std::set<PeerId> connected_;
+  std::map<std::pair<PeerId, DeviceId>, RemoteRegion> regions_;
 };
 
 }  // namespace

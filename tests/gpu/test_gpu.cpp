@@ -103,6 +103,42 @@ TEST_CASE("cuda transport: reshards between logical devices land every element w
   }
 }
 
+TEST_CASE("cuda IPC gets: every link a get through the registered arenas' keys, in one process") {
+  // One process: each key maps to its own memory (CUDA cannot open its own handles), so
+  // this checks the keys, the regions and the address rewrite of a get; `nereus bench
+  // transition --transport cuda --procs 2` (benches/gpu/run.sh) opens them across processes.
+  const auto plan = plan_reshard(coll("tp=4,pp=1,dp=1,packing=fused", true), coll("tp=2,pp=1,dp=2,devices=4:5:6:7", true));
+  const auto transfers = plan.transfers();
+  testing::World host;
+  host.bind_all(plan);
+  host.pattern_sources();
+  CudaMirror gpu(host, cuda_device_count());
+  asio::io_context io;
+  auto cuda = make_cuda_transport(io);
+  REQUIRE(cuda->connect(0, cuda->address()).is_ok());
+  for (auto& [d, dev] : gpu.devices) {
+    const Registration r = cuda->register_memory({dev->arena(), dev->capacity(), d, MemoryKind::cuda});
+    REQUIRE(cuda->add_remote_region(0, d, r.remote_key).is_ok());
+  }
+  ExecutorOptions opt;
+  opt.remote_links = true;
+  opt.chunk_bytes = 100000;
+  Executor ex(*cuda, cuda.get(), [](DeviceId) { return PeerId{0}; }, opt);
+  const BoundTransition bound = ex.bind(transfers, plan.target(), gpu.table);
+  const auto report = run_on(io, ex.run(bound));
+  CHECK(report.link_bytes == plan.summary().moved_bytes);
+  gpu.download(host);
+  CHECK(testing::landed_as_planned(transfers, host.table));
+  // A get outside a registered region is refused before CUDA sees it.
+  DescriptorList l;
+  l.op = Op::get;
+  l.remote_device = gpu.devices.begin()->first;
+  const auto base = reinterpret_cast<std::uint64_t>(gpu.devices.begin()->second->arena());
+  l.segments.push_back({base + (std::uint64_t{1} << 40), reinterpret_cast<std::uint64_t>(gpu.buffers[0].data()), 64, 1, 0, 0});
+  const Status st = run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
+  CHECK(st.message().find("reads outside device") != std::string::npos);
+}
+
 TEST_CASE("cuda transport refuses host memory, and the executor refuses a host transport for cuda memory") {
   testing::World host;
   const auto plan = plan_reshard(coll("tp=2,pp=1,dp=1"), coll("tp=1,pp=1,dp=2,devices=2:3"));

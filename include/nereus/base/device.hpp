@@ -91,6 +91,12 @@ class Device {
   /// what is left when the arena cannot hold it.
   DeviceBuffer allocate(std::size_t n, std::string_view what);
   virtual std::unique_ptr<DeviceQueue> make_queue() = 0;
+  /// Copies n bytes of host memory into this device's memory (upload) or out of it
+  /// (download), blocking: the control path of fills, checks and dumps, never a
+  /// transition. Host devices memcpy; CUDA devices cudaMemcpy. Throws Error naming the
+  /// device.
+  virtual void upload(std::byte* dst, const std::byte* host, std::size_t n);
+  virtual void download(std::byte* host, const std::byte* src, std::size_t n) const;
 
   std::size_t capacity() const { return capacity_; }
   std::size_t used() const;

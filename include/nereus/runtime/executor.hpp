@@ -25,8 +25,27 @@ struct ExecutorOptions {
   /// and UCX tags are): the source's process sends each chunk, the destination's receives
   /// it. Both derive the same messages, in the same order per link, from the same plan
   /// (BoundTransition::messages). One two-sided transition runs on a transport at a time.
+  /// Without it, links between processes still move as messages when `remote` has no
+  /// gets but has tagged messages (link_path).
   bool two_sided = false;
 };
+
+/// How a transfer crosses its link: the executor's per-link choice of transport and
+/// operation (what `nereus bench transition --transport auto` runs).
+enum class LinkPath : std::uint8_t {
+  none,     ///< no transport reaches it
+  copy,     ///< both ends in this process: the copy transport
+  get,      ///< the source in another process: a one-sided get on the remote transport
+  message,  ///< a tagged message the source's process sends and the destination's receives
+};
+
+/// The path of one link. `same_process`: its source and destination are bound in one
+/// process; `remote`: the remote transport's capabilities (null when there is none);
+/// `options.remote_links` sends links between two devices of one process through it too
+/// (benches), `options.two_sided` picks messages even where gets exist. A copy inside one
+/// device stays a copy. Both processes of a link compute it from the same inputs (the
+/// same transport type runs at both), which two-sided messages need.
+LinkPath link_path(bool same_device, bool same_process, const Capabilities* remote, const ExecutorOptions& options);
 
 /// One message of a two-sided run as bind() scheduled it: the `chunk`-th piece of a
 /// transfer, which `peer` receives (Op::send) or sends (Op::recv). Its `ordinal` counts
@@ -133,8 +152,13 @@ class Executor {
  private:
   /// One chunk of a two-sided op, staged through contiguous memory when its runs are not.
   asio::awaitable<Status> message(const DescriptorList& part, std::uint64_t tag);
-  std::unique_ptr<std::byte[]> staging(std::size_t bytes);
-  void give_back(std::unique_ptr<std::byte[]> buffer, std::size_t bytes);
+  /// A contiguous staging buffer and its real size (a reused one may be larger than asked).
+  struct Staging {
+    std::unique_ptr<std::byte[]> memory;
+    std::size_t size = 0;
+  };
+  Staging staging(std::size_t bytes);
+  void give_back(Staging buffer);
 
   Transport& copies_;
   Transport* remote_;
@@ -142,7 +166,7 @@ class Executor {
   ExecutorOptions options_;
   AsyncScope* running_ = nullptr;
   std::uint64_t landed_ = 0;
-  std::vector<std::pair<std::unique_ptr<std::byte[]>, std::size_t>> spare_staging_;  // reused across runs
+  std::vector<Staging> spare_staging_;  // reused across runs
 };
 
 }  // namespace nereus

@@ -1,6 +1,7 @@
 #pragma once
 // One process's part of a reshard run across processes: the units on its devices (filled
-// with the verification fill), the local and UCX transports and an executor. Driven by a
+// with the verification fill), its transports (local copies and UCX on host memory; the
+// cuda transport, with CUDA IPC between processes, on GPU memory) and an executor. Driven by a
 // control channel — the bench's worker processes (CBOR over a Unix socket) and nereusd
 // (Cap'n Proto over TCP) — through the same steps: tell the peers what to reach
 // (PeerInfo), connect to theirs, run, verify, dump.
@@ -16,6 +17,7 @@
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/peer_info.hpp"
 #include "nereus/runtime/unit_store.hpp"
+#include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/ucx.hpp"
 
@@ -43,6 +45,10 @@ struct ReshardSpec {
   /// Links between processes as UCX tagged messages, sender and receiver both posting
   /// (ExecutorOptions::two_sided), instead of gets.
   bool two_sided = false;
+  /// Units in CUDA memory (logical device d on GPU d mod the GPUs present), moved by the
+  /// cuda transport: copies inside a process, CUDA IPC gets between processes of one
+  /// machine (transport/cuda.hpp). Not with two_sided.
+  bool cuda = false;
 };
 
 /// The reshard to run, planned the same way in every process.
@@ -100,7 +106,9 @@ class Participant {
   /// stop (UCX gets cannot always be cancelled; they only write destination buffers).
   asio::awaitable<bool> abort(std::chrono::milliseconds limit);
   /// A peer may be dead or frozen: never destroy the UCX worker (transport/ucx.hpp).
-  void quarantine() { ucx_.quarantine(); }
+  void quarantine() {
+    if (ucx_) ucx_->quarantine();
+  }
   /// Waits for a started run (unless abort() gave up on it).
   asio::awaitable<void> settle();
   // These three touch only memory and files (no UCX): a daemon runs them off its loop.
@@ -118,9 +126,11 @@ class Participant {
   std::vector<DeviceId> mine_;
   PeerId self_;
   std::function<PeerId(DeviceId)> owner_;
-  UcxTransport ucx_;  // before the store: it allocates the store's arenas (and outlives them)
+  std::unique_ptr<UcxTransport> ucx_;  // host memory; before the store: it allocates the store's arenas (and outlives them)
+  std::unique_ptr<Transport> cuda_;    // cuda memory: copies and IPC gets
   UnitStore store_;
   LocalTransport local_;
+  Transport& remote() { return cuda_ ? *cuda_ : static_cast<Transport&>(*ucx_); }
   std::vector<Registration> regs_;
   std::vector<std::pair<const std::byte*, std::size_t>> mapped_sources_;  // what warm() touches
   std::unique_ptr<Executor> ex_;

@@ -53,8 +53,10 @@ class UnitStore {
  public:
   /// Devices this process owns; capacity 0 sizes each arena to what it will hold.
   /// `arenas`, when given, provides the devices' arenas (and must outlive the store).
+  /// `kind` cuda: each device is a cudaMalloc arena on GPU (device id mod `gpus`), filled,
+  /// checked and dumped through host copies (Device::upload, download).
   UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self,
-            ArenaSource* arenas = nullptr);
+            ArenaSource* arenas = nullptr, MemoryKind kind = MemoryKind::host, int gpus = 1);
 
   /// Allocates source and target buffers (throws Error when a device's cap is too
   /// small) and fills the sources. Kept target buffers are bound to their source memory.
@@ -74,6 +76,10 @@ class UnitStore {
 
  private:
   const std::byte* address(const BufferSpec& b) const;
+  /// Runs `use` on the buffer's bytes as host memory: in place on a host device, else on
+  /// a downloaded copy.
+  template <class F>
+  auto on_host(const BufferSpec& b, F&& use) const;
   FillCheck verify(const std::vector<BufferSpec>& bufs, unsigned threads) const;
 
   const ReshardPlan& plan_;
@@ -82,6 +88,8 @@ class UnitStore {
   PeerId self_;
   std::map<DeviceId, std::unique_ptr<Device>> devices_;
   ArenaSource* arenas_ = nullptr;
+  MemoryKind kind_ = MemoryKind::host;
+  int gpus_ = 1;
   std::vector<BufferSpec> sources_, targets_;
   std::vector<DeviceBuffer> memory_;
   BufferTable table_;

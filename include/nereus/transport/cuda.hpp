@@ -1,7 +1,9 @@
 #pragma once
 // The `cuda` backend: copies between CUDA devices of this process — logical devices on
 // one GPU, or different GPUs (peer access enabled on first use) — as cudaMemcpyAsync, and
-// strided runs as one cudaMemcpy2DAsync, on a few streams per GPU. Completion reaches
+// strided runs as one cudaMemcpy2DAsync, on a few streams per GPU; and gets from the
+// CUDA memory of other processes on this node through CUDA IPC (see CUDA IPC below).
+// Completion reaches
 // Asio without blocking the loop or running in a CUDA callback: each post records an
 // event and its coroutine polls it on a short timer. A copy CUDA has started cannot be
 // cancelled: a cancelled post waits for its copy, then reports the cancellation.
@@ -23,6 +25,16 @@ bool cuda_built();
 /// CUDA devices present (0 without a driver, a GPU, or CUDA in this build).
 int cuda_device_count();
 
+/// CUDA IPC. register_memory() takes a whole cudaMalloc allocation (a cuda device's
+/// arena, Device::arena()) and returns as its remote key the allocation's IPC handle, its
+/// base address and size, and this process's id. address() is this machine's boot id:
+/// connect() refuses a peer on another machine, since IPC handles open only there.
+/// add_remote_region() opens the peer's handle (cudaIpcOpenMemHandle, peer access
+/// enabled lazily) — a key from this very process maps to its own memory, which CUDA
+/// cannot open — and a get (Op::get) then copies from the mapping, its addresses the
+/// peer's, checked against the region. Handles are closed when the transport goes. A
+/// peer that exits frees its allocations: a get from it then fails or reads freed memory,
+/// so its sources' processes must outlive a transition.
 std::unique_ptr<Transport> make_cuda_transport(asio::io_context& io, CudaTransportOptions options = {});
 
 }  // namespace nereus
