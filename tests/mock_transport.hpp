@@ -19,6 +19,7 @@ class MockTransport final : public nereus::Transport {
   boost::asio::awaitable<nereus::Status> post(nereus::DescriptorList list) override {
     const int n = ++posts;
     posted.push_back(list);
+    if (fail_at_once) co_return nereus::Status{nereus::StatusCode::io_error, "mock failure at once"};
     ++in_flight;
     max_in_flight = std::max(max_in_flight, in_flight);
     boost::asio::steady_timer t(ex_);
@@ -38,6 +39,7 @@ class MockTransport final : public nereus::Transport {
   int max_in_flight = 0;
   int fail_on = 0;  ///< post number that fails (1-based), 0 for none
   int hang_on = 0;  ///< post number that waits until cancelled
+  bool fail_at_once = false;  ///< every post fails before it suspends
   std::chrono::microseconds delay{200};
 
  private:

@@ -49,6 +49,25 @@ inline Collection coll(const std::string& spec, bool train = false) {
   return Collection::from_spec(load_model("tiny-llama"), "s", parse_collection_spec(spec), train);
 }
 
+/// A reshard between two tiny-llama layouts with every buffer bound in a World and every
+/// source patterned: the start of each executor test that moves real bytes.
+struct Patterned {
+  ReshardPlan plan;
+  std::vector<Transfer> transfers;
+  World w;
+  Patterned(const std::string& from, const std::string& to) : plan(plan_reshard(coll(from, true), coll(to, true))), transfers(plan.transfers()) {
+    w.bind_all(plan);
+    w.pattern_sources();
+  }
+  /// Labels every bound buffer GPU memory (host memory standing in for it).
+  void as_gpu_memory() {
+    for (auto [key, b] : w.table.all()) {
+      b.kind = MemoryKind::cuda;
+      w.table.bind(key, b);
+    }
+  }
+};
+
 /// Whether every destination element of `transfers` equals its source element.
 inline bool landed_as_planned(std::span<const Transfer> transfers, const BufferTable& table) {
   for (const Transfer& t : transfers) {

@@ -219,11 +219,8 @@ class TagsOnly final : public Transport {
 }  // namespace
 
 TEST_CASE("a remote transport without gets moves links as messages without being asked") {
-  const auto plan = plan_reshard(coll("tp=2,pp=1,dp=1", true), coll("tp=1,pp=1,dp=2,devices=2:3", true));
-  const auto transfers = plan.transfers();
-  testing::World w;
-  w.bind_all(plan);
-  w.pattern_sources();
+  testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
+  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
   asio::io_context io;
   UcxTransport ucx(io);
   REQUIRE(ucx.connect(0, ucx.address()).is_ok());
@@ -239,6 +236,112 @@ TEST_CASE("a remote transport without gets moves links as messages without being
   CHECK(report.sent_bytes == plan.summary().moved_bytes);
   CHECK(report.link_bytes == plan.summary().moved_bytes);
   CHECK(testing::landed_as_planned(transfers, w.table));
+  run_on(io, [&]() -> asio::awaitable<int> {
+    co_await ucx.shutdown();
+    co_return 0;
+  }());
+}
+
+namespace {
+
+/// The local copy transport presented as moving GPU memory too, counting its copies and
+/// staging: host memory labelled cuda stands in for a GPU's, so that the executor's
+/// staging of memory the remote transport does not move runs here (the GPU suite has the
+/// real CUDA copies).
+class CountingCopies final : public Transport {
+ public:
+  std::string_view name() const override { return "copies"; }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_.capabilities();
+    c.memory = {MemoryKind::host, MemoryKind::cuda};
+    return c;
+  }
+  Registration register_memory(const MemoryRegion& r) override { return inner_.register_memory(r); }
+  asio::awaitable<Status> post(DescriptorList list) override {
+    ++posts;
+    list.kind = MemoryKind::host;  // what the "GPU memory" really is
+    co_return co_await inner_.post(std::move(list));
+  }
+  std::byte* alloc_host(std::size_t bytes) override {
+    ++allocated;
+    return inner_.alloc_host(bytes);
+  }
+  void free_host(std::byte* p) override {
+    ++freed;
+    inner_.free_host(p);
+  }
+  int posts = 0, allocated = 0, freed = 0;
+
+ private:
+  LocalTransport inner_{{1, 4096}};
+};
+
+}  // namespace
+
+TEST_CASE("memory the remote transport does not move is staged through host memory, both ends") {
+  testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
+  r.as_gpu_memory();
+  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  asio::io_context io;
+  UcxTransport ucx(io);  // moves host memory only
+  REQUIRE(ucx.connect(0, ucx.address()).is_ok());
+  CountingCopies copies;
+  ExecutorOptions opt;
+  opt.chunk_bytes = 1 << 14;
+  opt.remote_links = true;
+  // Gets would hand UCX the GPU memory: refused, naming the way that works.
+  Executor gets(copies, &ucx, [](DeviceId) { return PeerId{0}; }, opt);
+  CHECK(error_of([&] { gets.bind(transfers, plan.target(), w.table); })
+            .find("cuda memory, which the ucx transport does not move (as two-sided messages it would be staged") !=
+        std::string::npos);
+  opt.two_sided = true;
+  {
+    Executor ex(copies, &ucx, [](DeviceId) { return PeerId{0}; }, opt);
+    const BoundTransition bound = ex.bind(transfers, plan.target(), w.table);
+    std::size_t messages = 0;
+    for (const Message& m : bound.messages()) messages += m.op == Op::send;
+    REQUIRE(messages > 0);
+    const auto report = run_on(io, ex.run(bound));
+    CHECK(report.sent_bytes == plan.summary().moved_bytes);
+    CHECK(testing::landed_as_planned(transfers, w.table));
+    // Every message staged at both ends (a pack before each send, an unpack after each
+    // receive), in buffers of the copy transport that the executor keeps for reuse.
+    CHECK(copies.posts >= static_cast<int>(2 * messages));
+    CHECK(copies.allocated > 0);
+    CHECK(copies.allocated < static_cast<int>(messages));
+  }
+  CHECK(copies.freed == copies.allocated);  // given back with the executor
+  run_on(io, [&]() -> asio::awaitable<int> {
+    co_await ucx.shutdown();
+    co_return 0;
+  }());
+}
+
+TEST_CASE("a staging copy that fails at once stops a two-sided run with its error, every worker joined") {
+  // The failing worker cancels its siblings and so itself; before AsyncScope cleared that,
+  // asio threw the cancellation out of the event loop and left the run's workers behind.
+  testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
+  r.as_gpu_memory();  // every message staged by the copy transport
+  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  asio::io_context io;
+  UcxTransport ucx(io);
+  REQUIRE(ucx.connect(0, ucx.address()).is_ok());
+  testing::MockTransport broken(io.get_executor());  // every copy fails before it suspends
+  broken.memory = {MemoryKind::host, MemoryKind::cuda};
+  broken.fail_at_once = true;
+  ExecutorOptions opt;
+  opt.chunk_bytes = 1 << 14;
+  opt.remote_links = true;
+  opt.two_sided = true;
+  Executor ex(broken, &ucx, [](DeviceId) { return PeerId{0}; }, opt);
+  const BoundTransition bound = ex.bind(transfers, plan.target(), w.table);
+  std::string why;
+  try {
+    run_on(io, ex.run(bound));
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  CHECK(why.find("failed: mock failure at once") != std::string::npos);
   run_on(io, [&]() -> asio::awaitable<int> {
     co_await ucx.shutdown();
     co_return 0;

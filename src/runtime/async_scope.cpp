@@ -20,11 +20,30 @@ void AsyncScope::prune() {
   children_.remove_if([](const Child& c) { return c.finished; });
 }
 
+namespace {
+
+/// Runs `work`, then clears the coroutine's cancellation state: a child that cancels its
+/// own scope (a worker that failed stops its siblings) has cancelled itself too, and
+/// asio's co_spawn, handing the result on after the body, would throw that cancellation
+/// out of the event loop instead of to the handler (Boost 1.81).
+asio::awaitable<void> settled(asio::awaitable<void> work) {
+  std::exception_ptr e;
+  try {
+    co_await std::move(work);
+  } catch (...) {
+    e = std::current_exception();
+  }
+  co_await asio::this_coro::reset_cancellation_state();
+  if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
 void AsyncScope::spawn(asio::awaitable<void> work) {
   prune();
   ++pending_;
   auto child = children_.emplace(children_.end());
-  asio::co_spawn(ex_, std::move(work),
+  asio::co_spawn(ex_, settled(std::move(work)),
                  asio::bind_cancellation_slot(child->signal.slot(), [this, child](std::exception_ptr e) {
                    if (e && !error_) error_ = e;
                    child->finished = true;

@@ -13,6 +13,7 @@ namespace nereus {
 Executor::Executor(Transport& copies, Transport* remote, std::function<PeerId(DeviceId)> owner_of,
                    ExecutorOptions options)
     : copies_(copies), remote_(remote), owner_of_(std::move(owner_of)), options_(options) {
+  if (remote_) remote_kinds_ = remote_->capabilities().memory;
   if (options_.per_link_concurrency == 0) options_.per_link_concurrency = 1;
   if (options_.chunk_bytes == 0) options_.chunk_bytes = 64 << 20;
 }
@@ -128,13 +129,20 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
   if (options_.two_sided && !remote_can.two_sided)
     throw Error(std::string("two-sided links need a transport with tagged messages; ") +
                 (remote_ ? std::string(remote_->name()) + " has none" : "no remote transport is set"));
-  auto check_kind = [&](const Transfer& t, std::size_t i, bool local, MemoryKind kind, const char* end) {
+  auto moves = [](const std::vector<MemoryKind>& kinds, MemoryKind k) { return std::find(kinds.begin(), kinds.end(), k) != kinds.end(); };
+  // A message's own side may also be staged through host memory: the copy transport moves
+  // it there (GPU memory over a host-only UCX).
+  const bool stage_through_host = moves(remote_can.memory, MemoryKind::host);
+  auto check_kind = [&](const Transfer& t, std::size_t i, bool local, MemoryKind kind, const char* end, bool message = false) {
     // A transport moves only the kinds it says it can (a host-only transport handed GPU
     // memory would read garbage or crash), so a mismatch is an error here.
-    const std::vector<MemoryKind>& moves = local ? copies_move : remote_can.memory;
-    if (std::find(moves.begin(), moves.end(), kind) == moves.end())
-      throw Error(describe(t, i) + ": its " + end + " is " + std::string(to_string(kind)) + " memory, which the " +
-                  std::string((local ? copies_ : *remote_).name()) + " transport does not move");
+    if (moves(local ? copies_move : remote_can.memory, kind)) return;
+    if (message && stage_through_host && moves(copies_move, kind)) return;
+    throw Error(describe(t, i) + ": its " + end + " is " + std::string(to_string(kind)) + " memory, which the " +
+                std::string((local ? copies_ : *remote_).name()) + " transport does not move" +
+                (!local && !message && stage_through_host && moves(copies_move, kind)
+                     ? " (as two-sided messages it would be staged through host memory)"
+                     : ""));
   };
   const Capabilities* reach = remote_ ? &remote_can : nullptr;
   for (std::size_t i = 0; i < transfers.size(); ++i) {
@@ -158,7 +166,7 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       // The receiver checks its own buffer; here only the layout of its runs matters (the
       // offsets give both ends the same segments, hence the same chunks).
       if (src->owner != options_.self) throw Error(describe(t, i) + ": source buffer is bound in another process");
-      check_kind(t, i, false, src->kind, "source");
+      check_kind(t, i, false, src->kind, "source", true);
       BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), BoundTransition::kNone, {}, false, {}};
       op.list.op = Op::send;
       op.list.kind = src->kind;
@@ -184,8 +192,8 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       throw Error(describe(t, i) + ": its source is in process " + std::to_string(src->owner) + " and the " +
                   std::string(remote_->name()) + " transport has neither gets nor tagged messages");
     const bool local = path == LinkPath::copy;
-    check_kind(t, i, local, src->kind, "source");
-    check_kind(t, i, local, dst->kind, "destination");
+    if (path != LinkPath::message) check_kind(t, i, local, src->kind, "source");  // a sender stages its own side
+    check_kind(t, i, local, dst->kind, "destination", path == LinkPath::message);
     BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), unit->second, {}, t.src == t.dst, {}};
     op.list.op = local ? Op::copy : path == LinkPath::message ? Op::recv : Op::get;
     op.list.kind = dst->kind;
@@ -249,7 +257,7 @@ Executor::Staging Executor::staging(std::size_t bytes) {
       spare_staging_.erase(it);
       return buf;
     }
-  return {std::unique_ptr<std::byte[]>(new std::byte[bytes]), bytes};  // not zeroed: the message overwrites it
+  return {std::unique_ptr<std::byte, FreeHost>(copies_.alloc_host(bytes), FreeHost{&copies_}), bytes};  // not zeroed
 }
 
 void Executor::give_back(Staging buffer) {
@@ -271,12 +279,16 @@ asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint6
   }
   DescriptorList msg = part;
   msg.tag = tag;
-  if (runs.size() == 1) {
+  const bool remote_moves_it = std::find(remote_kinds_.begin(), remote_kinds_.end(), part.kind) != remote_kinds_.end();
+  if (runs.size() == 1 && remote_moves_it) {
     msg.segments = {sends ? Segment{runs[0].first, 0, runs[0].second} : Segment{0, runs[0].first, runs[0].second}};
     co_return co_await remote_->post(std::move(msg));
   }
-  // Strided on our side: pack into contiguous staging before sending, or unpack after
-  // receiving, on the copy threads (never on the event loop).
+  // Strided on our side, or memory the remote transport does not move (GPU memory over a
+  // host-only UCX): pack into contiguous host staging before sending, or unpack after
+  // receiving, with the copy transport (copy threads, or a CUDA stream), never on the
+  // event loop. Chunks in flight on a link overlap one's copy with another's message.
+  msg.kind = MemoryKind::host;
   const std::uint64_t total = part.bytes();
   Staging buffer = staging(total);
   const auto base = reinterpret_cast<std::uint64_t>(buffer.memory.get());
@@ -344,7 +356,7 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
           if (error.empty()) {
             error = "transfer " + std::to_string(op.transfer) + " (device " + std::to_string(op.src()) + " -> " +
                     std::to_string(op.dst()) + ") failed: " + st.message();
-            scope.cancel();
+            scope.cancel();  // this worker too: AsyncScope clears that as it ends
           }
           co_return;
         }

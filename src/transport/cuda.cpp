@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -87,6 +88,21 @@ class CudaTransport final : public Transport {
   }
   std::string_view name() const override { return "cuda"; }
   Capabilities capabilities() const override { return {true, true, false, true, {MemoryKind::cuda}, false}; }
+
+  std::byte* alloc_host(std::size_t bytes) override {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), "cudaHostAlloc (staging)");
+    const std::lock_guard lock(host_mu_);
+    host_[reinterpret_cast<std::uint64_t>(p)] = bytes;
+    return static_cast<std::byte*>(p);
+  }
+  void free_host(std::byte* memory) override {
+    {
+      const std::lock_guard lock(host_mu_);
+      host_.erase(reinterpret_cast<std::uint64_t>(memory));
+    }
+    cudaFreeHost(memory);
+  }
 
   Registration register_memory(const MemoryRegion& region) override {
     if (region.kind != MemoryKind::cuda)
@@ -174,12 +190,15 @@ class CudaTransport final : public Transport {
   }
 
  private:
-  /// Enqueues every segment on one stream of the destination's GPU; returns the event
-  /// recorded after them. Throws Error.
+  /// Enqueues every segment on one stream of the destination's GPU (the source's when the
+  /// destination is host staging); returns the event recorded after them. Throws Error.
   cudaEvent_t enqueue(const DescriptorList& list) {
-    const int dst_gpu = gpu_of(list.segments.front().dst), src_gpu = gpu_of(list.segments.front().src);
-    if (dst_gpu < 0 || src_gpu < 0)
+    int dst_gpu = gpu_of(list.segments.front().dst), src_gpu = gpu_of(list.segments.front().src);
+    // One side may be host staging (alloc_host: page-locked, so the copy stays async).
+    if ((dst_gpu < 0 && src_gpu < 0) || ((dst_gpu < 0 || src_gpu < 0) && !pinned(list)))
       throw Error("cuda transport: device " + std::to_string(list.local_device) + "'s list is not in CUDA device memory");
+    if (dst_gpu < 0) dst_gpu = src_gpu;
+    if (src_gpu < 0) src_gpu = dst_gpu;
     check(cudaSetDevice(dst_gpu), "cudaSetDevice");
     if (src_gpu != dst_gpu && peers_.insert({dst_gpu, src_gpu}).second) {
       const cudaError_t e = cudaDeviceEnablePeerAccess(src_gpu, 0);
@@ -203,6 +222,18 @@ class CudaTransport final : public Transport {
       check(r, "cudaEventRecord");
     }
     return e;
+  }
+
+  /// Whether the list's host side (if any) lies in staging this transport allocated.
+  bool pinned(const DescriptorList& list) const {
+    const std::lock_guard lock(host_mu_);
+    for (const Segment& g : list.segments)
+      for (const std::uint64_t side : {g.src, g.dst}) {
+        if (gpu_of(side) >= 0) continue;
+        auto it = host_.upper_bound(side);
+        if (it == host_.begin() || side >= std::prev(it)->first + std::prev(it)->second) return false;
+      }
+    return true;
   }
 
   /// Rewrites a get's source addresses (the peer's) as the mapping's here.
@@ -245,6 +276,8 @@ class CudaTransport final : public Transport {
   std::string boot_ = boot_id();
   std::set<PeerId> connected_;
   std::map<std::pair<PeerId, DeviceId>, RemoteRegion> regions_;
+  mutable std::mutex host_mu_;
+  std::map<std::uint64_t, std::size_t> host_;  // page-locked staging: base → bytes
 };
 
 }  // namespace

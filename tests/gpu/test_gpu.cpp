@@ -18,6 +18,7 @@
 #include "nereus/runtime/executor.hpp"
 #include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
+#include "nereus/transport/ucx.hpp"
 
 using namespace nereus;
 using testing::coll;
@@ -107,11 +108,8 @@ TEST_CASE("cuda IPC gets: every link a get through the registered arenas' keys, 
   // One process: each key maps to its own memory (CUDA cannot open its own handles), so
   // this checks the keys, the regions and the address rewrite of a get; `nereus bench
   // transition --transport cuda --procs 2` (benches/gpu/run.sh) opens them across processes.
-  const auto plan = plan_reshard(coll("tp=4,pp=1,dp=1,packing=fused", true), coll("tp=2,pp=1,dp=2,devices=4:5:6:7", true));
-  const auto transfers = plan.transfers();
-  testing::World host;
-  host.bind_all(plan);
-  host.pattern_sources();
+  testing::Patterned r("tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2,devices=4:5:6:7");
+  const auto& [plan, transfers, host] = std::tie(r.plan, r.transfers, r.w);
   CudaMirror gpu(host, cuda_device_count());
   asio::io_context io;
   auto cuda = make_cuda_transport(io);
@@ -137,6 +135,35 @@ TEST_CASE("cuda IPC gets: every link a get through the registered arenas' keys, 
   l.segments.push_back({base + (std::uint64_t{1} << 40), reinterpret_cast<std::uint64_t>(gpu.buffers[0].data()), 64, 1, 0, 0});
   const Status st = run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
   CHECK(st.message().find("reads outside device") != std::string::npos);
+}
+
+TEST_CASE("GPU memory over host-only UCX: two-sided messages staged through page-locked host memory") {
+  // What moves GPU memory between machines where UCX has no CUDA support (Debian's): the
+  // sender's cuda transport copies each chunk into staging from alloc_host, UCX sends it,
+  // the receiver's copies it up. Here both ends are this process (every link remote).
+  testing::Patterned r("tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2,devices=4:5:6:7");
+  const auto& [plan, transfers, host] = std::tie(r.plan, r.transfers, r.w);
+  CudaMirror gpu(host, cuda_device_count());
+  asio::io_context io;
+  auto cuda = make_cuda_transport(io);
+  UcxTransport ucx(io);
+  REQUIRE(ucx.connect(0, ucx.address()).is_ok());
+  ExecutorOptions opt;
+  opt.remote_links = true;
+  opt.two_sided = true;
+  opt.chunk_bytes = 100000;
+  {
+    Executor ex(*cuda, &ucx, [](DeviceId) { return PeerId{0}; }, opt);
+    const BoundTransition bound = ex.bind(transfers, plan.target(), gpu.table);
+    const auto report = run_on(io, ex.run(bound));
+    CHECK(report.sent_bytes == plan.summary().moved_bytes);
+  }
+  gpu.download(host);
+  CHECK(testing::landed_as_planned(transfers, host.table));
+  run_on(io, [&]() -> asio::awaitable<int> {
+    co_await ucx.shutdown();
+    co_return 0;
+  }());
 }
 
 TEST_CASE("cuda transport refuses host memory, and the executor refuses a host transport for cuda memory") {

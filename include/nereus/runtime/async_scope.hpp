@@ -23,7 +23,8 @@ class AsyncScope {
   /// Starts `work` on the scope's executor.
   void spawn(asio::awaitable<void> work);
   /// Requests cancellation of every running coroutine (they see it at their next
-  /// cancellable wait, in-flight transfers included).
+  /// cancellable wait, in-flight transfers included). A child may call it: it cancels
+  /// itself too, and once it ends its outcome still reaches join().
   void cancel();
   /// Completes when every spawned coroutine has finished; rethrows the first exception
   /// one of them ended with.

@@ -152,9 +152,14 @@ class Executor {
  private:
   /// One chunk of a two-sided op, staged through contiguous memory when its runs are not.
   asio::awaitable<Status> message(const DescriptorList& part, std::uint64_t tag);
-  /// A contiguous staging buffer and its real size (a reused one may be larger than asked).
+  /// A contiguous staging buffer from the copy transport (alloc_host) and its real size
+  /// (a reused one may be larger than asked).
+  struct FreeHost {
+    Transport* owner;
+    void operator()(std::byte* p) const { owner->free_host(p); }
+  };
   struct Staging {
-    std::unique_ptr<std::byte[]> memory;
+    std::unique_ptr<std::byte, FreeHost> memory{nullptr, FreeHost{nullptr}};
     std::size_t size = 0;
   };
   Staging staging(std::size_t bytes);
@@ -167,6 +172,7 @@ class Executor {
   AsyncScope* running_ = nullptr;
   std::uint64_t landed_ = 0;
   std::vector<Staging> spare_staging_;  // reused across runs
+  std::vector<MemoryKind> remote_kinds_;  // what `remote` moves; other kinds are staged through host memory
 };
 
 }  // namespace nereus

@@ -3,6 +3,9 @@
 // one GPU, or different GPUs (peer access enabled on first use) — as cudaMemcpyAsync, and
 // strided runs as one cudaMemcpy2DAsync, on a few streams per GPU; and gets from the
 // CUDA memory of other processes on this node through CUDA IPC (see CUDA IPC below).
+// One side of a copy may be host staging from alloc_host() (page-locked, so the copy
+// stays asynchronous): how the executor stages GPU memory for a host-only remote
+// transport (UCX without CUDA support) as two-sided messages.
 // Completion reaches
 // Asio without blocking the loop or running in a CUDA callback: each post records an
 // event and its coroutine polls it on a short timer. A copy CUDA has started cannot be

@@ -107,6 +107,12 @@ class Transport {
   /// Moves every byte of `list`; completes (on the caller's executor) when all landed,
   /// on the first error, or when cancelled through the awaiting coroutine.
   virtual asio::awaitable<Status> post(DescriptorList list) = 0;
+
+  /// Host memory for staging that this transport copies to and from without blocking the
+  /// caller (page-locked for CUDA, whose copies from ordinary memory are synchronous);
+  /// plain memory by default. Release it with free_host(); throws Error when it cannot.
+  virtual std::byte* alloc_host(std::size_t bytes) { return new std::byte[bytes]; }
+  virtual void free_host(std::byte* memory) { delete[] memory; }
 };
 
 }  // namespace nereus
