@@ -170,11 +170,12 @@ for extra in [[], ["--transport", "ucx", "--procs", "2"]]:
     check(p.returncode == 1 and "of host memory but this machine has" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
           f"units beyond the machine's memory {extra}: one clear error ({p.stderr.strip()[-300:]})")
 # GPU units where no GPU is (this machine; the GPU suite runs them where one is): one line.
-for extra in [[], ["--procs", "2"]]:
+for extra, flag in [(["--transport", "cuda"], "--transport cuda: "), (["--transport", "cuda", "--procs", "2"], "--transport cuda: "),
+                    (["--memory", "cuda", "--transport", "ucx-tag", "--procs", "2"], "--memory cuda: ")]:
     p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
-                        "tp=1,pp=1,dp=2", "--transport", "cuda", *extra], capture_output=True, text=True, timeout=60)
-    check(p.returncode == 1 and "--transport cuda: " in p.stderr and len(p.stderr.strip().splitlines()) == 1,
-          f"--transport cuda {extra} without a GPU: one clear error ({p.stderr.strip()[-300:]})")
+                        "tp=1,pp=1,dp=2", *extra], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1 and flag in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+          f"{extra} without a GPU: one clear error ({p.stderr.strip()[-300:]})")
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--procs", "2"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")

@@ -18,13 +18,13 @@ using json = nlohmann::json;
 /// The bench's settings: the reshard, plus how to run and report it.
 struct TransitionConfig : ReshardSpec {
   /// local | ucx | ucx-tag (two_sided set to match) | auto: each link the path that
-  /// reaches it (runtime link_path): local copies inside a process, UCX gets across |
-  /// cuda: units in GPU memory (`cuda` set to match), copies inside a process, CUDA IPC
-  /// gets across.
+  /// reaches it (runtime link_path): copies inside a process; across, UCX gets (CUDA IPC
+  /// gets for GPU memory) | cuda: GPU memory, cuda copies, CUDA IPC gets across.
   std::string transport = "local";
+  std::string memory = "host";  ///< host | cuda: where the units live (`cuda` set to match)
   /// What moves links inside a process, and between processes.
-  std::string local_name() const { return transport == "cuda" ? "cuda" : "local"; }
-  std::string remote_name() const { return transport == "cuda" ? "cuda-ipc" : transport == "ucx-tag" ? "ucx-tag" : "ucx"; }
+  std::string local_name() const { return cuda ? "cuda" : "local"; }
+  std::string remote_name() const { return ipc ? "cuda-ipc" : transport == "ucx-tag" ? "ucx-tag" : "ucx"; }
   /// One process, and every link between its devices through UCX (--transport ucx or
   /// ucx-tag): what the bench measures of UCX without a second process.
   bool every_link_remote() const { return procs == 1 && daemons.empty() && (transport == "ucx" || transport == "ucx-tag"); }

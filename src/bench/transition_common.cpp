@@ -187,9 +187,9 @@ void write_transfer_outputs(const TransitionConfig& c, const TransferLabels& lab
 Prepared prepare(const TransitionConfig& c) {
   if (c.transport != "local" && c.transport != "ucx" && c.transport != "ucx-tag" && c.transport != "auto" && c.transport != "cuda")
     throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag, auto, cuda");
-  if (c.transport == "cuda" && !cuda_built())
-    throw Error("--transport cuda: this build has no CUDA (reconfigure with -Dcuda=enabled)");
-  if (c.transport == "cuda" && cuda_device_count() == 0) throw Error("--transport cuda: no CUDA device is present");
+  const std::string gpu_flag = c.transport == "cuda" ? "--transport cuda" : "--memory cuda";
+  if (c.cuda && !cuda_built()) throw Error(gpu_flag + ": this build has no CUDA (reconfigure with -Dcuda=enabled)");
+  if (c.cuda && cuda_device_count() == 0) throw Error(gpu_flag + ": no CUDA device is present");
   if (c.procs < 1) throw Error("--procs must be at least 1");
   if (c.procs > 1 && c.transport == "local")
     throw Error("--transport local moves bytes inside one process; use --transport ucx, ucx-tag, auto or cuda with --procs " + std::to_string(c.procs));

@@ -55,6 +55,7 @@ int run_single_process(const TransitionConfig& c) {
   if (ucx) {
     if (Status st = ucx->connect(0, ucx->address()); !st) throw Error(st.message());
     for (auto& [d, dev] : store.devices()) {
+      if (dev->kind() != MemoryKind::host) continue;  // GPU memory goes as staged messages
       regs.push_back(ucx->register_memory({dev->arena(), dev->capacity(), d, MemoryKind::host}));
       if (Status st = ucx->add_remote_region(0, d, regs.back().remote_key); !st) throw Error(st.message());
     }

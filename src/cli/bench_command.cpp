@@ -21,6 +21,8 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--transport", c->transport, "local | ucx (one-sided gets) | ucx-tag (tagged send/recv) | auto (per link: local copies inside a process, UCX gets "
                  "across) | cuda (units in GPU memory: copies, CUDA IPC gets across processes)")
       ->check(CLI::IsMember({"local", "ucx", "ucx-tag", "auto", "cuda"}));
+  t->add_option("--memory", c->memory, "host | cuda: where the units live (GPU d mod the GPUs present); default host")
+      ->check(CLI::IsMember({"host", "cuda"}));
   t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx, ucx-tag, auto or cuda")
       ->check(CLI::PositiveNumber);
   t->add_option("--repeat", c->repeat, "runs to time (default 3)")->check(CLI::PositiveNumber);
@@ -48,7 +50,8 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--inject-kill-node", c->kill_node)->group("");
   t->callback([c, &argv] {
     c->two_sided = c->transport == "ucx-tag";
-    c->cuda = c->transport == "cuda";
+    c->cuda = c->transport == "cuda" || c->memory == "cuda";
+    c->ipc = c->cuda && (c->transport == "cuda" || c->transport == "auto");
     const int rc = bench::run_transition_bench(*c, argv);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

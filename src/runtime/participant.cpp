@@ -31,13 +31,14 @@ Participant::Participant(asio::io_context& io, const ReshardSpec& c, const Prepa
       mine_(std::move(mine)),
       self_(self),
       owner_(std::move(owner)),
-      ucx_(c.cuda ? nullptr : std::make_unique<UcxTransport>(io, ucx_options(c))),
+      ucx_(c.ipc ? nullptr : std::make_unique<UcxTransport>(io, ucx_options(c))),
       cuda_(c.cuda ? make_cuda_transport(io) : nullptr),
       store_(p.plan, mine_, c.capacity.empty() ? 0 : parse_capacity(c.capacity), self, c.shared_arenas ? ucx_.get() : nullptr,
              c.cuda ? MemoryKind::cuda : MemoryKind::host, c.cuda ? std::max(1, cuda_device_count()) : 1),
       local_({c.copy_threads, 1 << 20}),
       scope_(io.get_executor()) {
-  if (c.cuda && c.two_sided) throw Error("cuda units move by copies and CUDA IPC gets; two-sided messages need UCX or NCCL");
+  if (c.ipc && !c.cuda) throw Error("CUDA IPC moves GPU memory: the units must be in CUDA memory");
+  if (c.ipc && c.two_sided) throw Error("CUDA IPC moves by gets; two-sided messages need UCX or NCCL");
 }
 
 Participant::~Participant() {
@@ -50,7 +51,10 @@ PeerInfo Participant::publish() {
   PeerInfo info;
   info.rank = self_;
   info.address = remote().address();
+  const auto kinds = remote().capabilities().memory;
   for (auto& [d, dev] : store_.devices()) {
+    // Memory the remote transport does not move travels as staged messages: no region.
+    if (std::find(kinds.begin(), kinds.end(), dev->kind()) == kinds.end()) continue;
     regs_.push_back(remote().register_memory({dev->arena(), dev->capacity(), d, dev->kind()}));
     info.regions.push_back({d, regs_.back().remote_key});
   }

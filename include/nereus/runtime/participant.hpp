@@ -45,10 +45,13 @@ struct ReshardSpec {
   /// Links between processes as UCX tagged messages, sender and receiver both posting
   /// (ExecutorOptions::two_sided), instead of gets.
   bool two_sided = false;
-  /// Units in CUDA memory (logical device d on GPU d mod the GPUs present), moved by the
-  /// cuda transport: copies inside a process, CUDA IPC gets between processes of one
-  /// machine (transport/cuda.hpp). Not with two_sided.
+  /// Units in CUDA memory (logical device d on GPU d mod the GPUs present), copied inside
+  /// a process by the cuda transport; between processes over UCX as two-sided messages
+  /// staged through host memory, or, with `ipc`, by CUDA IPC gets.
   bool cuda = false;
+  /// Between processes, the cuda transport's CUDA IPC gets (processes of one machine)
+  /// instead of UCX. Needs `cuda`; not with two_sided.
+  bool ipc = false;
 };
 
 /// The reshard to run, planned the same way in every process.
@@ -130,7 +133,7 @@ class Participant {
   std::unique_ptr<Transport> cuda_;    // cuda memory: copies and IPC gets
   UnitStore store_;
   LocalTransport local_;
-  Transport& remote() { return cuda_ ? *cuda_ : static_cast<Transport&>(*ucx_); }
+  Transport& remote() { return ucx_ ? static_cast<Transport&>(*ucx_) : *cuda_; }
   std::vector<Registration> regs_;
   std::vector<std::pair<const std::byte*, std::size_t>> mapped_sources_;  // what warm() touches
   std::unique_ptr<Executor> ex_;
