@@ -221,6 +221,13 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
     op.first_message = static_cast<std::uint32_t>(next);
     next += op.parts.size();
   }
+  std::map<std::tuple<DeviceId, DeviceId, bool>, std::size_t> link_of;
+  for (std::uint32_t i = 0; i < b.ops_.size(); ++i) {
+    const auto& op = b.ops_[i];
+    auto [it, fresh] = link_of.try_emplace(std::make_tuple(op.src(), op.dst(), op.list.op == Op::send), b.links_.size());
+    if (fresh) b.links_.emplace_back();
+    b.links_[it->second].push_back(i);
+  }
   return b;
 }
 
@@ -232,21 +239,16 @@ std::uint64_t BoundTransition::bytes() const {
 }
 
 std::vector<Message> BoundTransition::messages() const {
-  // Per link in first-appearance order, ops in transfer order, chunks in order: what run()
-  // posts on each link (its workers take a link's ops in this order).
-  std::map<std::tuple<DeviceId, DeviceId, bool>, std::vector<Message>> by_link;
-  std::vector<std::tuple<DeviceId, DeviceId, bool>> order;
-  for (const BoundOp& op : ops_) {
-    if (op.list.op != Op::send && op.list.op != Op::recv) continue;
-    const auto key = std::make_tuple(op.src(), op.dst(), op.list.op == Op::send);
-    auto [it, fresh] = by_link.try_emplace(key);
-    if (fresh) order.push_back(key);
-    for (std::uint32_t k = 0; k < op.parts.size(); ++k)
-      it->second.push_back({op.list.op, op.list.peer, op.src(), op.dst(), op.first_message + k, op.parts[k].bytes(),
-                            op.transfer, k});
-  }
+  // Link queue by link queue, ops and their chunks in order: what run() posts on each link
+  // (its workers take a queue's ops in this order).
   std::vector<Message> out;
-  for (const auto& key : order) out.insert(out.end(), by_link[key].begin(), by_link[key].end());
+  for (const auto& queue : links_)
+    for (std::uint32_t i : queue) {
+      const BoundOp& op = ops_[i];
+      if (op.list.op != Op::send && op.list.op != Op::recv) continue;
+      for (std::uint32_t k = 0; k < op.parts.size(); ++k)
+        out.push_back({op.list.op, op.list.peer, op.src(), op.dst(), op.first_message + k, op.parts[k].bytes(), op.transfer, k});
+    }
   return out;
 }
 
@@ -321,17 +323,10 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
   landed_ = 0;
   const std::uint32_t run_number = bound.runs_++;
 
-  // Links in order of first appearance; each gets `per_link_concurrency` workers. A link's
-  // sends and receives queue apart: when one process does both (every link remote), a
-  // send waiting for its receive must not hold the worker that would post it.
-  std::map<std::tuple<DeviceId, DeviceId, bool>, std::size_t> link_of;
-  std::vector<std::vector<std::size_t>> links;
-  for (std::size_t i = 0; i < bound.ops_.size(); ++i) {
-    const auto key = std::make_tuple(bound.ops_[i].src(), bound.ops_[i].dst(), bound.ops_[i].list.op == Op::send);
-    auto [it, fresh] = link_of.try_emplace(key, links.size());
-    if (fresh) links.emplace_back();
-    links[it->second].push_back(i);
-  }
+  // Each link queue gets `per_link_concurrency` workers. A link's sends and receives queue
+  // apart: when one process does both (every link remote), a send waiting for its receive
+  // must not hold the worker that would post it.
+  const auto& links = bound.links_;
   std::vector<std::size_t> next(links.size(), 0);
   std::vector<std::uint32_t> left = bound.unit_ops_;
   for (std::uint32_t u = 0; u < left.size(); ++u)

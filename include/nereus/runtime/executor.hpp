@@ -119,6 +119,10 @@ class BoundTransition {
   static constexpr std::uint32_t kNone = ~std::uint32_t{0};
   std::vector<BoundOp> ops_;
   std::vector<std::uint32_t> unit_ops_;  ///< ops per target unit
+  /// The ops of each link queue, queues in order of first appearance, ops in transfer
+  /// order: what run() posts and messages() lists. A link's sends and receives queue
+  /// apart (key: source, destination, is a send).
+  std::vector<std::vector<std::uint32_t>> links_;
   std::size_t landing_ops_ = 0;          ///< ops that land bytes here (not sends)
   std::uint64_t skipped_keep_ = 0;
   mutable std::uint32_t runs_ = 0;       ///< runs started: the tags' run number
