@@ -93,13 +93,15 @@ TEST_CASE("frames: the job messages survive a round trip") {
   const PeerInfo::Buffer buf{3, 5, 17, Slot::exp_avg, 0x7f0000001000, 4096};
   const UnitDesc unit{9, "actor/train", "tp=2,pp=1,dp=1,devices=4,5"};
   const std::vector<Body> bodies = {
-      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2, -1, false, 4, 0.5, "load"},
+      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2, -1, false, 4, 0.5, "load", true},
       JobOpen{"{}", 2, -1, 1, Bytes(128, 7), "250ms"},
       UnitAlloc{unit, true},
       UnitAllocated{9, {buf, buf}},
       UnitBuild{12, {SourceUnit{unit, 1, {buf}}}},
       UnitFree{9},
       UnitFreed{9},
+      StepRun{3, 1536.5, {{9, "actor/train", 1}, {12, "critic/train", 0}}},
+      StepDone{{{"actor/generate", 1.25}, {"actor/train", 0.5}}, 700, 1400, 1u << 30},
   };
   for (const Body& b : bodies) {
     CAPTURE(kind_name(b));
@@ -112,6 +114,20 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(r.steps == 4);
   CHECK(r.step_seconds == 0.5);
   CHECK(r.inject_at == "load");
+  CHECK(r.node_steps);
+  const auto run = std::get<StepRun>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[7]})).body);
+  CHECK(run.step == 3);
+  CHECK(run.response_len == 1536.5);
+  REQUIRE(run.units.size() == 2);
+  CHECK(run.units[0].id == 9);
+  CHECK(run.units[0].model_stage == "actor/train");
+  CHECK(run.units[0].replica == 1);
+  const auto done = std::get<StepDone>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[8]})).body);
+  REQUIRE(done.stage_seconds.size() == 2);
+  CHECK(done.stage_seconds[1].first == "actor/train");
+  CHECK(done.stage_seconds[1].second == 0.5);
+  CHECK(done.response_len_p95 == 1400);
+  CHECK(done.peak_bytes == 1u << 30);
   const auto u = std::get<UnitBuild>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[4]})).body);
   CHECK(u.target == 12);
   REQUIRE(u.sources.size() == 1);

@@ -6,9 +6,23 @@ asyncio.
 """
 import asyncio as _asyncio
 
+from . import _nereus
 from ._nereus import Error, Job, Shard, Stage, Transition, Unit, Workspace, set_log_level
 
 __all__ = ["Error", "Job", "Shard", "Stage", "Transition", "Unit", "Workspace", "set_log_level"]
+
+if hasattr(_nereus, "Member"):  # built with the daemons' layer (docs/cluster.md)
+    from ._nereus import Member, NodeUnit, Step
+
+    __all__ += ["Member", "NodeUnit", "Step"]
+
+    def _member_steps(self, timeout=None):
+        """The steps the coordinator asks this node to run, until the job on this node
+        ends; report() each before the next."""
+        while (step := self.next_step(timeout)) is not None:
+            yield step
+
+    Member.steps = _member_steps
 
 
 def _shard_data(self):

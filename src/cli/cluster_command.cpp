@@ -33,7 +33,7 @@ struct ClusterArgs {
 struct JobArgs {
   std::string coordinator, token_file, job, cluster = "h200-node", plan, to, perfetto;
   double response_len = 0, response_len_after = 0, timeout = 300, step_seconds = 0;
-  bool no_verify = false, json = false;
+  bool no_verify = false, json = false, node_steps = false;
   int kill_node = -1, freeze_node = -1;
   unsigned steps = 1;
   std::string inject_at;
@@ -117,6 +117,7 @@ int run_job(const JobArgs& a) {
   parse_fault_moment(r.inject_at = a.inject_at);
   r.steps = a.steps;
   r.step_seconds = a.step_seconds;
+  r.node_steps = a.node_steps;
   r.perfetto = !a.perfetto.empty();
   const Body ask = r;
   // Loading, each step's transition, a recovery and the check: each may take up to the timeout.
@@ -142,6 +143,12 @@ int run_job(const JobArgs& a) {
                              plan_line(j["initial_plan"]));
     for (const auto& step : j.value("steps", nlohmann::json::array())) {
       std::cout << fmt::format("  step {} (responses {:.0f} tokens): ", step.value("step", 0), step.value("response_len", 0.0));
+      if (step.contains("measured")) {  // --node-steps: what the frameworks measured
+        std::string times;
+        for (const auto& [stage, seconds] : step["measured"]["stage_seconds"].items())
+          times += fmt::format("{}{} {:.3f} s", times.empty() ? "" : ", ", stage, seconds.get<double>());
+        std::cout << fmt::format("nodes {} ran it ({}); ", step["measured"]["nodes"].dump(), times.empty() ? "no times" : times);
+      }
       if (step.contains("decision")) {
         const auto& d = step["decision"];
         std::cout << fmt::format("controller {} ({})\n", d.value("admitted", false) ? "admitted" : "kept the plan",
@@ -208,6 +215,9 @@ void add_cluster_command(CLI::App& app) {
   job->add_option("--step-seconds", j->step_seconds, "wait this long before each step's decision, standing in for the stages' work "
                                                      "(default 0)")
       ->check(CLI::Range(0.0, 3600.0));
+  job->add_flag("--node-steps", j->node_steps, "each step runs on the nodes: every node's framework (nereus.Member) runs it on the "
+                                                "units it holds and reports its stage times, which calibrate the controller")
+      ->excludes("--step-seconds");
   job->add_flag("--no-verify", j->no_verify, "skip checking every unit's bytes against the fill at the end");
   job->add_option("--timeout", j->timeout, "give up a request to a node after this many seconds (default 300)")->check(CLI::PositiveNumber);
   job->add_flag("--json", j->json, "print the report as one JSON object");

@@ -59,6 +59,12 @@ struct Envelope {
     unitBuild @33 :UnitBuild;   # answered by done, once this node's bytes of the unit landed
     unitFree @34 :UInt32;       # unit id
     unitFreed @35 :UInt32;
+    # A step of a job whose stages the nodes' frameworks run (`cluster job --node-steps`):
+    # the coordinator sends stepRun to every node of the job; each answers stepDone once
+    # its framework has run the step on the units it holds (a daemon without a framework
+    # answers at once). The controller calibrates from the reports, then decides.
+    stepRun @36 :StepRun;
+    stepDone @37 :StepDone;
   }
 }
 
@@ -77,6 +83,31 @@ struct JobRequest {
   steps @11 :UInt32;          # controller steps (decide, maybe transition); 0 is read as 1
   stepSeconds @12 :Float64;   # the wait between steps, standing in for the stages' work
   injectAt @13 :Text;         # when the injected fault strikes: "build" (or empty), "load", "MSms" after the job opens
+  nodeSteps @14 :Bool;        # each step waits for every node's framework to run it (stepRun / stepDone)
+}
+
+struct StepRun {
+  step @0 :Int64;
+  responseLen @1 :Float64;    # the mean response length the coordinator expects (tokens)
+  units @2 :List(StepUnit);   # every current unit of the job: a node's framework runs its own
+}
+
+struct StepUnit {
+  id @0 :UInt32;
+  modelStage @1 :Text;
+  replica @2 :UInt32;         # its index among the model-stage's units (its DP rank)
+}
+
+struct StageSeconds {
+  modelStage @0 :Text;
+  seconds @1 :Float64;
+}
+
+struct StepDone {
+  stageSeconds @0 :List(StageSeconds);   # what this node's framework measured
+  responseLenMean @1 :Float64;           # 0: not measured
+  responseLenP95 @2 :Float64;
+  peakBytes @3 :UInt64;                  # busiest device's peak; 0: not measured
 }
 
 struct JobOpen {

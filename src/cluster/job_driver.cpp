@@ -391,6 +391,21 @@ GlobalPlan JobDriver::plan_of(const Pool& pool) const {
   return p;
 }
 
+asio::awaitable<std::vector<std::pair<int, StepDone>>> JobDriver::step(std::int64_t step, double response_len) {
+  StepRun run{step, response_len, {}};
+  for (std::size_t s = 0; s < current_.size(); ++s)
+    for (std::size_t i = 0; i < current_[s].size(); ++i)
+      run.units.push_back({current_[s][i], stages_[s].name(), static_cast<std::uint32_t>(i)});
+  const Body b = std::move(run);
+  std::vector<std::pair<int, StepDone>> out;
+  for (auto& [rank, e] : co_await each_surviving(alive(), b, "step")) {
+    auto* d = std::get_if<StepDone>(&e.body);
+    if (!d) throw Error("node " + std::to_string(rank) + " answered a step with " + kind_name(e.body));
+    out.emplace_back(rank, std::move(*d));
+  }
+  co_return out;
+}
+
 asio::awaitable<nlohmann::json> JobDriver::verify() {
   const Body v = Verify{false};
   const std::vector<Envelope> got = co_await each(alive(), v, "verify");

@@ -99,6 +99,10 @@ class JobDriver {
   void give_up();
   void resume() { giving_up_ = false; }
 
+  /// Step `step` on the current units (cluster job --node-steps): every alive node's
+  /// framework runs it; the reports of the nodes that answered (a node lost meanwhile is
+  /// its loss, for recover()).
+  asio::awaitable<std::vector<std::pair<int, StepDone>>> step(std::int64_t step, double response_len);
   asio::awaitable<nlohmann::json> verify();
   asio::awaitable<void> close();
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <map>
 #include <set>
 
 #include "job_graph_run.hpp"
@@ -68,16 +69,26 @@ class JobLife {
     const long n = std::max<long>(1, r_.steps);
     for (long k = 1; k <= n; ++k) {
       const double len = length_at(k, n, first_len_, last_len_);
-      if (r_.step_seconds > 0) {
+      json step{{"step", k}, {"response_len", len}};
+      std::optional<StepObservation> seen;  // what the nodes' frameworks measured
+      const std::size_t lost_before = d_.lost().size();
+      if (r_.node_steps) {
+        begin("step " + std::to_string(k), "idle");
+        const auto reports = co_await d_.step(k, len);
+        end();
+        seen = observation(reports, k, len, step);
+        co_await recover(k, len);
+      } else if (r_.step_seconds > 0) {
         begin("step " + std::to_string(k), "idle");
         co_await wait_or_loss(r_.step_seconds);
         end();
         co_await recover(k, len);
       }
-      json step{{"step", k}, {"response_len", len}};
       co_await rejoin(step);
       co_await recover(k, len);
-      const Signals now = signals(k, len);
+      if (d_.lost().size() != lost_before) seen.reset();  // a failed step calibrates nothing; the plan changed
+      if (seen) seen->next.gpus = static_cast<int>(pool_.devices.size());  // nodes may have joined
+      const Signals now = seen ? seen->next : signals(k, len);
       const GlobalPlan current = d_.plan_of(pool_);
       // The plan the request names (global device ids) holds from step 1 on; the controller
       // decides only without one, or once a lost node took some of its devices.
@@ -86,7 +97,7 @@ class JobLife {
         target = pool_.to_indices(*forced);
         if (plan_json(*target) == plan_json(current)) target.reset();  // there already
       } else {
-        const Decision dec = ctl_.decide(now, current);
+        const Decision dec = seen ? ctl_.step(current, *seen) : ctl_.decide(now, current);
         step["decision"] = decision_json(dec);
         if (dec.admitted) target = dec.target;
       }
@@ -118,6 +129,51 @@ class JobLife {
   }
 
   Signals signals(long step, double len) const { return {step, static_cast<int>(pool_.devices.size()), len, len, 1}; }
+
+  /// The step as the nodes' frameworks measured it: each model-stage's time is its slowest
+  /// node's (a stage ends when its last replica does), the response length the mean of the
+  /// nodes that measured one (then it is the signal the decision sees), the peak the
+  /// busiest node's. None when no node measured anything (daemons without a framework).
+  /// Throws Error naming the node of a report that is not of this job.
+  std::optional<StepObservation> observation(const std::vector<std::pair<int, StepDone>>& reports, long k, double len, json& step) const {
+    std::map<std::string, double> slowest;
+    double len_sum = 0, p95 = 0;
+    int lens = 0;
+    std::uint64_t peak = 0;
+    json nodes = json::array();
+    for (const auto& [rank, d] : reports) {
+      const std::string who = "node " + std::to_string(rank);
+      for (const auto& [stage, seconds] : d.stage_seconds) {
+        const auto& stages = d_.stages();
+        if (std::none_of(stages.begin(), stages.end(), [&](const ModelStage& m) { return m.name() == stage; }))
+          throw Error(who + " reported a time for '" + stage + "', which is not a model-stage of the job");
+        if (!(seconds >= 0 && std::isfinite(seconds)))
+          throw Error(who + " reported " + std::to_string(seconds) + " s for '" + stage + "'");
+        slowest[stage] = std::max(slowest[stage], seconds);
+      }
+      if (!(d.response_len_mean >= 0 && std::isfinite(d.response_len_mean) && d.response_len_p95 >= 0 && std::isfinite(d.response_len_p95)))
+        throw Error(who + " reported a response length that is not a length");
+      if (d.response_len_mean > 0) {
+        len_sum += d.response_len_mean;
+        ++lens;
+      }
+      p95 = std::max({p95, d.response_len_p95, d.response_len_mean});
+      peak = std::max(peak, d.peak_bytes);
+      nodes.push_back(rank);
+    }
+    if (slowest.empty() && lens == 0) return std::nullopt;
+    StepObservation o;
+    o.next = signals(k, len);
+    if (lens > 0) o.next.response_len_mean = o.next.response_len_p95 = len_sum / lens;
+    if (p95 > 0) o.next.response_len_p95 = p95;
+    o.stage_seconds.assign(slowest.begin(), slowest.end());
+    o.response_len_mean = o.next.response_len_mean;
+    o.response_len_p95 = o.next.response_len_p95;
+    o.peak_bytes = peak;
+    step["measured"] = {{"nodes", nodes}, {"stage_seconds", slowest}, {"response_len_mean", o.response_len_mean},
+                        {"response_len_p95", o.response_len_p95}, {"peak_bytes", peak}};
+    return o;
+  }
 
   /// A phase of the job: `name` on the timeline; `kind` is what a failure during it says
   /// (connect, load, idle (no graph runs: the stages' work), transition, recovery, verify).

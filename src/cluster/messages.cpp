@@ -276,7 +276,8 @@ Body body_of(w::Envelope::Body::Reader e) {
                         j.getPerfetto(),
                         j.getSteps(),
                         j.getStepSeconds(),
-                        text_of(j.getInjectAt(), "fault moment")};
+                        text_of(j.getInjectAt(), "fault moment"),
+                        j.getNodeSteps()};
     }
     case w::Envelope::Body::JOB_OPEN: {
       auto j = e.getJobOpen();
@@ -302,6 +303,22 @@ Body body_of(w::Envelope::Body::Reader e) {
     }
     case w::Envelope::Body::UNIT_FREE: return UnitFree{e.getUnitFree()};
     case w::Envelope::Body::UNIT_FREED: return UnitFreed{e.getUnitFreed()};
+    case w::Envelope::Body::STEP_RUN: {
+      auto r = e.getStepRun();
+      StepRun out{r.getStep(), r.getResponseLen(), {}};
+      const auto units = r.getUnits();
+      check_size(units, kMaxSources, "step units");
+      for (auto u : units) out.units.push_back({u.getId(), text_of(u.getModelStage(), "model-stage"), u.getReplica()});
+      return out;
+    }
+    case w::Envelope::Body::STEP_DONE: {
+      auto d = e.getStepDone();
+      StepDone out{{}, d.getResponseLenMean(), d.getResponseLenP95(), d.getPeakBytes()};
+      const auto stages = d.getStageSeconds();
+      check_size(stages, kMaxBuffers, "stage times");
+      for (auto t : stages) out.stage_seconds.emplace_back(text_of(t.getModelStage(), "model-stage"), t.getSeconds());
+      return out;
+    }
   }
   throw Error("unknown message kind " + std::to_string(static_cast<int>(e.which())) + " (this build speaks protocol " +
               std::to_string(kProtocolVersion) + ")");
@@ -314,7 +331,8 @@ const char* kind_name(const Body& b) {
       "hello",  "challenge", "authenticate", "welcome", "error",   "join",    "heartbeat", "status-request", "status",
       "transition-request", "transition-result", "prepare", "ready", "peers", "connected", "run", "done", "failed",
       "abort",  "aborted",   "verify",       "verified", "dump",   "dumped", "finish",    "finished", "job-request",
-      "job-open", "unit-alloc", "unit-allocated", "unit-build", "unit-free", "unit-freed"};
+      "job-open", "unit-alloc", "unit-allocated", "unit-build", "unit-free", "unit-freed",
+      "step-run", "step-done"};
   static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[b.index()];
 }
@@ -443,6 +461,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setSteps(j.steps);
                    o.setStepSeconds(j.step_seconds);
                    o.setInjectAt(j.inject_at);
+                   o.setNodeSteps(j.node_steps);
                  },
                  [&](const JobOpen& j) {
                    auto o = body.initJobOpen();
@@ -475,6 +494,28 @@ Bytes encode_frame(const Envelope& e) {
                  },
                  [&](const UnitFree& f) { body.setUnitFree(f.id); },
                  [&](const UnitFreed& f) { body.setUnitFreed(f.id); },
+                 [&](const StepRun& r) {
+                   auto o = body.initStepRun();
+                   o.setStep(r.step);
+                   o.setResponseLen(r.response_len);
+                   auto l = o.initUnits(static_cast<unsigned>(r.units.size()));
+                   for (unsigned i = 0; i < r.units.size(); ++i) {
+                     l[i].setId(r.units[i].id);
+                     l[i].setModelStage(r.units[i].model_stage);
+                     l[i].setReplica(r.units[i].replica);
+                   }
+                 },
+                 [&](const StepDone& d) {
+                   auto o = body.initStepDone();
+                   auto l = o.initStageSeconds(static_cast<unsigned>(d.stage_seconds.size()));
+                   for (unsigned i = 0; i < d.stage_seconds.size(); ++i) {
+                     l[i].setModelStage(d.stage_seconds[i].first);
+                     l[i].setSeconds(d.stage_seconds[i].second);
+                   }
+                   o.setResponseLenMean(d.response_len_mean);
+                   o.setResponseLenP95(d.response_len_p95);
+                   o.setPeakBytes(d.peak_bytes);
+                 },
              },
              e.body);
   const kj::Array<capnp::word> flat = capnp::messageToFlatArray(message);

@@ -5,6 +5,7 @@
 
 #include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/job_service.hpp"
+#include "nereus/cluster/step_host.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
 #include "nereus/core/global_plan.hpp"
@@ -49,7 +50,8 @@ struct NodeJob::State {
   int rank;
   std::vector<std::unique_ptr<Device>>& devices;
   Metrics& metrics;
-  std::unique_ptr<JobSpec> job;
+  StepHost* host;  // the framework running this node's steps; null: steps are answered at once
+  std::shared_ptr<const JobSpec> job;
   int per = 1;
   int kill_node = -1, freeze_node = -1;
   FaultMoment fault;
@@ -62,11 +64,12 @@ struct NodeJob::State {
   std::map<std::uint32_t, LocalUnit> units;
   std::vector<Executor*> active;
   AsyncScope builds{io.get_executor()};
-  std::shared_ptr<Channel*> reply_to;  // where builds report; cleared when the session ends
+  std::shared_ptr<Channel*> reply_to;  // where builds and steps report; cleared when the session ends
+  int stepping = 0;                     // steps handed to the framework and not answered
   detail::Offload offload;
 
-  State(asio::io_context& i, int r, std::vector<std::unique_ptr<Device>>& d, Metrics& m)
-      : io(i), rank(r), devices(d), metrics(m) {}
+  State(asio::io_context& i, int r, std::vector<std::unique_ptr<Device>>& d, Metrics& m, StepHost* h)
+      : io(i), rank(r), devices(d), metrics(m), host(h) {}
 
   std::string me() const { return "node " + std::to_string(rank); }
 
@@ -90,7 +93,7 @@ struct NodeJob::State {
   PeerInfo open(const JobOpen& m) {
     if (job) throw Error(me() + " already holds a job");
     if (m.devices_per_node < 1) throw Error("devices per node must be positive");
-    job = std::make_unique<JobSpec>(parse_job(m.job, "the job"));
+    job = std::make_shared<const JobSpec>(parse_job(m.job, "the job"));
     per = m.devices_per_node;
     kill_node = m.kill_node;
     freeze_node = m.freeze_node;
@@ -244,8 +247,45 @@ struct NodeJob::State {
     }
   }
 
+  /// Hands step `r` to the framework with views of the current units held here; the
+  /// framework's report is the reply. No graph runs while a step does: the coordinator
+  /// sends the next build only after every node answered.
+  void step(const StepRun& r, std::uint64_t request) {
+    NodeStep ns{r.step, r.response_len, job, {}, {}};
+    for (const StepRun::Unit& u : r.units) {
+      ++ns.replicas[u.model_stage];
+      const auto it = units.find(u.id);
+      if (it == units.end()) continue;  // no GPU of it on this node
+      if (it->second.building) throw Error("unit " + std::to_string(u.id) + " is still being built");
+      const LocalUnit& lu = it->second;
+      NodeUnit v{u.id, u.model_stage, static_cast<int>(u.replica), lu.one.units[0], lu.buffers, {}};
+      for (const DeviceBuffer& m : lu.memory) v.memory.emplace_back(m.data(), m.size());
+      ns.units.push_back(std::move(v));
+    }
+    ++stepping;
+    auto reply = reply_to;
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    host->step(std::move(ns), [this, reply, answered, request, ex = io.get_executor()](StepDone d) {
+      if (answered->exchange(true)) return;  // once
+      asio::post(ex, [this, reply, request, d = std::move(d)]() mutable {
+        if (!reply || !*reply) return;  // the job closed meanwhile; its state is gone
+        --stepping;
+        asio::co_spawn(io, send_late(reply, Envelope{kProtocolVersion, request, 0, std::move(d)}), asio::detached);
+      });
+    });
+  }
+
+  static asio::awaitable<void> send_late(std::shared_ptr<Channel*> reply, Envelope e) {
+    if (!*reply) co_return;
+    try {
+      co_await (*reply)->send(e);
+    } catch (const std::exception&) {  // the coordinator went away; close() cleans up
+    }
+  }
+
   void free(std::uint32_t id) {
     LocalUnit& u = unit(id);
+    if (stepping > 0) throw Error("unit " + std::to_string(id) + " is in use by the framework's step");
     if (u.readers > 0 || u.building) throw Error("unit " + std::to_string(id) + " is in use by a build");
     units.erase(id);
   }
@@ -273,8 +313,9 @@ struct NodeJob::State {
   }
 };
 
-NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics)
-    : s_(std::make_unique<State>(io, node_rank, devices, metrics)) {}
+NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics,
+                 StepHost* host)
+    : s_(std::make_unique<State>(io, node_rank, devices, metrics, host)) {}
 
 NodeJob::~NodeJob() {
   if (s_->builds.pending() > 0) {
@@ -316,6 +357,13 @@ asio::awaitable<NodePart::Answer> NodeJob::answer(Channel& ch, const Envelope& m
     } else if (auto* b = std::get_if<UnitBuild>(&m.body)) {
       s.build(*b, m.request_id);
       co_return Later{};  // run_build replies
+    } else if (auto* r = std::get_if<StepRun>(&m.body)) {
+      if (!s.host) {
+        reply = StepDone{};  // no framework here: nothing to run
+      } else {
+        s.step(*r, m.request_id);
+        co_return Later{};  // the framework's report is the reply
+      }
     } else if (auto* f = std::get_if<UnitFree>(&m.body)) {
       s.free(f->id);
       reply = UnitFreed{f->id};
@@ -339,12 +387,14 @@ asio::awaitable<void> NodeJob::close() {
   State& s = *s_;
   if (s.reply_to) *s.reply_to = nullptr;
   if (!s.job) co_return;
+  if (s.host) s.host->closed();
+  s.stepping = 0;
   if (!co_await s.abort(std::chrono::seconds(2))) {  // joined when it returns true
     // A transfer that would not stop still writes a unit: leave this job's state, arenas'
     // buffers and UCX included, allocated for good rather than free memory under it.
     State* stuck = s_.release();
     ++stuck->metrics.stuck_parts;
-    s_ = std::make_unique<State>(stuck->io, stuck->rank, stuck->devices, stuck->metrics);
+    s_ = std::make_unique<State>(stuck->io, stuck->rank, stuck->devices, stuck->metrics, stuck->host);
     co_return;
   }
   s.units.clear();

@@ -13,9 +13,10 @@ namespace nereus::python {
 
 namespace {
 
-/// One shard of one slot as Python sees it; keeps its job (and so the memory) alive.
+/// One shard of one slot as Python sees it; keeps its owner (a job or a member, and so
+/// the memory) alive.
 struct PyShard {
-  std::shared_ptr<PyJob> job;
+  std::shared_ptr<const void> owner;
   ShardView view;
   std::string tensor;
   std::vector<std::int64_t> shape() const {
@@ -42,7 +43,7 @@ struct PyWorkspace {
 /// What a DLPack consumer owns until it calls the deleter.
 struct Exported {
   DLManagedTensor managed{};
-  std::shared_ptr<PyJob> job;
+  std::shared_ptr<const void> owner;
   std::vector<std::int64_t> shape;
 };
 
@@ -55,10 +56,10 @@ DLDataType dl_dtype(DType t) {
   return {kDLFloat, 32, 1};
 }
 
-/// Exports `data` (compact row-major) to a DLPack consumer; the job stays alive meanwhile.
-py::capsule to_dlpack(const std::shared_ptr<PyJob>& job, std::byte* data, std::vector<std::int64_t> shape, DLDataType dtype) {
+/// Exports `data` (compact row-major) to a DLPack consumer; its owner stays alive meanwhile.
+py::capsule to_dlpack(std::shared_ptr<const void> owner, std::byte* data, std::vector<std::int64_t> shape, DLDataType dtype) {
   auto* e = new Exported;
-  e->job = job;
+  e->owner = std::move(owner);
   e->shape = std::move(shape);
   DLTensor& t = e->managed.dl_tensor;
   t.data = data;
@@ -71,7 +72,7 @@ py::capsule to_dlpack(const std::shared_ptr<PyJob>& job, std::byte* data, std::v
   e->managed.manager_ctx = e;
   e->managed.deleter = [](DLManagedTensor* m) {
     // torch may free a tensor on any thread, with or without the GIL; this may drop the
-    // last reference to the job, whose teardown touches Python objects.
+    // last reference to a job, whose teardown touches Python objects.
     if (!Py_IsInitialized()) return;  // the interpreter is gone: leak rather than crash
     py::gil_scoped_acquire gil;
     delete static_cast<Exported*>(m->manager_ctx);
@@ -85,17 +86,21 @@ py::capsule to_dlpack(const std::shared_ptr<PyJob>& job, std::byte* data, std::v
   });
 }
 
-py::list shards_of(const std::shared_ptr<PyJob>& job, const std::string& model_stage, const std::vector<ShardView>& views,
-                   const std::optional<std::string>& slot) {
-  const ModelSpec& m = *job->spec().model(std::string(role_of(model_stage)));
+}  // namespace
+
+py::list shards_of(std::shared_ptr<const void> owner, const JobSpec& job, std::string_view model_stage,
+                   const std::vector<ShardView>& views, const std::optional<std::string>& slot) {
+  const ModelSpec& m = *job.model(std::string(role_of(model_stage)));
   py::list out;
   bool known = !slot;
   for (Slot s : kTrainSlots) known = known || to_string(s) == *slot;
   if (!known) throw Error("unknown slot '" + *slot + "' (param, master, exp_avg, exp_avg_sq)");
   for (const ShardView& v : views)
-    if (!slot || to_string(v.slot) == *slot) out.append(PyShard{job, v, m.tensor(v.tensor).name});
+    if (!slot || to_string(v.slot) == *slot) out.append(PyShard{owner, v, m.tensor(v.tensor).name});
   return out;
 }
+
+namespace {
 
 std::vector<std::span<std::byte>> memory_of(const UnitContext& c) {
   std::vector<std::span<std::byte>> out;
@@ -233,7 +238,7 @@ void bind_job(py::module_& m) {
       .def_property_readonly("shape", [](const PyShard& s) { return py::tuple(py::cast(s.shape())); })
       .def_property_readonly("nbytes", [](const PyShard& s) { return s.view.bytes(); })
       .def_property_readonly("data_ptr", [](const PyShard& s) { return reinterpret_cast<std::uintptr_t>(s.view.data); })
-      .def("__dlpack__", [](const PyShard& s, py::object) { return to_dlpack(s.job, s.view.data, s.shape(), dl_dtype(s.view.dtype)); },
+      .def("__dlpack__", [](const PyShard& s, py::object) { return to_dlpack(s.owner, s.view.data, s.shape(), dl_dtype(s.view.dtype)); },
            py::arg("stream") = py::none())
       .def("__dlpack_device__", [](const PyShard&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
       .def("__repr__", [](const PyShard& s) {
@@ -270,7 +275,7 @@ void bind_job(py::module_& m) {
                     std::to_string(device) + " (set_workspace() before the stage, and ask inside its block)");
       }, py::arg("device"), "Its workspace on one of its devices, inside the stage's block (Job.set_workspace).")
       .def(
-          "shards", [](const PyUnit& u, std::optional<std::string> slot) { return shards_of(u.job, u.stage, u.view.shards, slot); },
+          "shards", [](const PyUnit& u, std::optional<std::string> slot) { return shards_of(u.job, u.job->spec(), u.stage, u.view.shards, slot); },
           py::arg("slot") = "param", "Its shards of one slot (None: every slot), buffer by buffer.")
       .def("__repr__", [](const PyUnit& u) {
         return "<Unit " + u.stage + " #" + std::to_string(u.view.replica) + " " + to_string(u.view.emu.layout) + " on " +
@@ -415,4 +420,7 @@ PYBIND11_MODULE(_nereus, m) {
       "set_log_level", [](const std::string& level) { nereus::set_log_level(nereus::parse_log_level(level)); }, pybind11::arg("level"),
       "Log level of Nereus's lines on stderr: error, warn (default), info (the controller's decisions), debug, trace.");
   nereus::python::bind_job(m);
+#ifdef NEREUS_HAVE_CLUSTER
+  nereus::python::bind_member(m);
+#endif
 }

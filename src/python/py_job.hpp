@@ -80,5 +80,11 @@ class PyJob : public std::enable_shared_from_this<PyJob> {
 
 /// Registers Job, Unit, Shard, Stage, Transition and Error in module m.
 void bind_job(py::module_& m);
+/// Registers Member, Step and NodeUnit (py_member.cpp); after bind_job.
+void bind_member(py::module_& m);
+/// `views` (of `model_stage`'s units in `job`) as Shard objects of one slot (None: all);
+/// `owner` keeps their memory mapped while one exists.
+py::list shards_of(std::shared_ptr<const void> owner, const JobSpec& job, std::string_view model_stage,
+                   const std::vector<ShardView>& views, const std::optional<std::string>& slot);
 
 }  // namespace nereus::python

@@ -15,6 +15,8 @@
 
 namespace nereus::cluster {
 
+class StepHost;
+
 struct DaemonOptions {
   Launch launch;
   std::string token;
@@ -29,6 +31,9 @@ struct DaemonOptions {
   Millis client_idle{60000};         ///< an authenticated client silent this long is dropped
   std::uint32_t frame_cap = kDefaultFrameCap;
   int max_pending = 64;              ///< connections in the handshake at once; more are dropped
+  /// The framework running this node's steps of a job (cluster/member.hpp); null: a daemon
+  /// answers each step at once.
+  std::shared_ptr<StepHost> step_host;
 };
 
 class Daemon {

@@ -23,6 +23,8 @@
 
 namespace nereus::cluster {
 
+class StepHost;
+
 /// When a node named by a job's fault injection (`kill_node`, `freeze_node`) strikes: 3 ms
 /// into its first build, at its first unit allocation (the job is loading), or `ms` after
 /// the job opened on it.
@@ -49,8 +51,10 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& request, const st
 /// One node's part of a job, answering the coordinator on one channel.
 class NodeJob final : public NodePart {
  public:
-  /// Units live in `devices` (the daemon's arenas); builds are counted in `metrics`.
-  NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics);
+  /// Units live in `devices` (the daemon's arenas); builds are counted in `metrics`. Steps
+  /// go to `host` (the framework in this process), or are answered at once without one.
+  NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics,
+          StepHost* host = nullptr);
   ~NodeJob();
   /// Whether a job is open on this channel (its messages go here).
   bool open() const;

@@ -158,6 +158,7 @@ struct JobRequest {
   std::uint32_t steps = 1;    ///< controller steps; 0 is read as 1
   double step_seconds = 0;    ///< the wait between steps (daemon jobs run no stage work)
   std::string inject_at;      ///< when kill_node / freeze_node strikes (parse_fault_moment)
+  bool node_steps = false;    ///< each step waits for every node's framework (StepRun / StepDone)
 };
 struct JobOpen {
   std::string job;
@@ -196,10 +197,28 @@ struct UnitFreed {
   std::uint32_t id = 0;
 };
 
+/// A step the nodes' frameworks run (cluster job --node-steps).
+struct StepRun {
+  struct Unit {
+    std::uint32_t id = 0;
+    std::string model_stage;
+    std::uint32_t replica = 0;  ///< index among the model-stage's units (its DP rank)
+  };
+  std::int64_t step = 0;
+  double response_len = 0;  ///< the mean response length the coordinator expects
+  std::vector<Unit> units;  ///< every current unit of the job
+};
+/// What one node's framework measured in a step; zeros where it measured nothing.
+struct StepDone {
+  std::vector<std::pair<std::string, double>> stage_seconds;  ///< model-stage → seconds
+  double response_len_mean = 0, response_len_p95 = 0;
+  std::uint64_t peak_bytes = 0;
+};
+
 using Body = std::variant<Hello, Challenge, Authenticate, Welcome, ErrorReply, Join, Heartbeat, StatusRequest, ClusterStatus,
                           TransitionSpec, TransitionResult, Prepare, Ready, Peers, Connected, Run, RunDone, Failed, Abort,
                           Aborted, Verify, Verified, Dump, Dumped, Finish, Finished, JobRequest, JobOpen, UnitAlloc,
-                          UnitAllocated, UnitBuild, UnitFree, UnitFreed>;
+                          UnitAllocated, UnitBuild, UnitFree, UnitFreed, StepRun, StepDone>;
 
 struct Envelope {
   std::uint16_t version = kProtocolVersion;

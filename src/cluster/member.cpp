@@ -1,0 +1,144 @@
+// A framework process as its node of a cluster (member.hpp).
+#include "nereus/cluster/member.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "nereus/base/error.hpp"
+
+namespace nereus::cluster {
+
+namespace {
+
+/// Hands the node's steps from the daemon's thread to the framework's, and back.
+class Host final : public StepHost {
+ public:
+  void step(NodeStep s, std::function<void(StepDone)> done) override {
+    {
+      std::lock_guard lock(m_);
+      asked_.push_back({std::move(s), std::move(done)});
+    }
+    cv_.notify_all();
+  }
+  void closed() override {
+    {
+      std::lock_guard lock(m_);
+      asked_.clear();  // never answered: the coordinator is gone or finished
+      answer_ = nullptr;
+      ended_ = true;
+    }
+    cv_.notify_all();
+  }
+  void stopped(std::string error) {
+    {
+      std::lock_guard lock(m_);
+      stopped_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+  bool wait(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    return cv_.wait_for(lock, timeout, [&] { return ready(); });
+  }
+
+  std::optional<NodeStep> next() {
+    std::unique_lock lock(m_);
+    if (answer_) throw Error("step " + std::to_string(step_) + " was not reported: report() it before asking for the next");
+    cv_.wait(lock, [&] { return ready(); });
+    if (!asked_.empty()) {
+      Asked a = std::move(asked_.front());
+      asked_.pop_front();
+      answer_ = std::move(a.done);
+      step_ = a.step.step;
+      return std::move(a.step);
+    }
+    if (ended_) {
+      ended_ = false;
+      return std::nullopt;
+    }
+    throw Error(error_.empty() ? std::string("the node has stopped") : "the node stopped: " + error_);
+  }
+
+  void report(StepDone d) {
+    std::function<void(StepDone)> answer;
+    {
+      std::lock_guard lock(m_);
+      if (!answer_) throw Error("no step to report: next_step() gave none, or it was reported already");
+      answer = std::move(answer_);
+      answer_ = nullptr;
+    }
+    answer(std::move(d));  // posts to the daemon's loop
+  }
+
+  bool stopped() const {
+    std::lock_guard lock(m_);
+    return stopped_;
+  }
+
+ private:
+  bool ready() const { return !asked_.empty() || ended_ || stopped_; }
+
+  struct Asked {
+    NodeStep step;
+    std::function<void(StepDone)> done;
+  };
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<Asked> asked_;
+  std::function<void(StepDone)> answer_;  // the step handed out and not yet reported
+  std::int64_t step_ = 0;
+  bool ended_ = false, stopped_ = false;
+  std::string error_;
+};
+
+}  // namespace
+
+struct Member::State {
+  asio::io_context io;
+  std::shared_ptr<Host> host = std::make_shared<Host>();
+  std::unique_ptr<Daemon> daemon;
+  std::thread thread;
+};
+
+Member::Member(DaemonOptions options) : s_(std::make_unique<State>()) {
+  options.step_host = s_->host;
+  s_->daemon = std::make_unique<Daemon>(s_->io, std::move(options));
+  s_->daemon->bind();
+  State* s = s_.get();
+  asio::co_spawn(s->io, s->daemon->run(), [s](std::exception_ptr e) {
+    std::string error;
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        error = x.what();
+      }
+    }
+    s->host->stopped(std::move(error));
+    s->io.stop();  // a transfer left behind on a dead peer must not keep the thread alive
+  });
+  s_->thread = std::thread([s] { s->io.run(); });
+}
+
+Member::~Member() {
+  stop();
+  if (s_->thread.joinable()) s_->thread.join();
+  if (s_->daemon->stuck()) (void)s_->daemon.release();  // a transfer that would not stop still uses it
+}
+
+Endpoint Member::listening() const { return s_->daemon->listening(); }
+bool Member::wait(std::chrono::milliseconds timeout) { return s_->host->wait(timeout); }
+std::optional<NodeStep> Member::next_step() { return s_->host->next(); }
+void Member::report(StepDone measured) { s_->host->report(std::move(measured)); }
+bool Member::running() const { return !s_->host->stopped(); }
+
+void Member::stop() {
+  Daemon* d = s_->daemon.get();
+  asio::post(s_->io, [d] { d->stop(); });
+}
+
+}  // namespace nereus::cluster

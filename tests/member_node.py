@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""A framework process as its node of a cluster, for test_member.py: joins through
+nereus.Member, and at each step reads every unit it holds with torch (the stage's work),
+checks the first elements of every shard against the fill recomputed independently
+(shards.py), reports per-stage seconds, and writes what it saw as one JSON line a step.
+
+  member_node.py NEREUS COORDINATOR RANK NODES TOKEN OUT [--die-at-step K] [--report-stage NAME]
+"""
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shards import expected_bytes, model_shapes  # noqa: E402
+
+import nereus  # noqa: E402
+
+ap = argparse.ArgumentParser()
+for a in ["nereus", "coordinator", "rank", "nodes", "token", "out"]:
+    ap.add_argument(a)
+ap.add_argument("--die-at-step", type=int, default=-1)
+ap.add_argument("--report-stage", default="")  # a bad report: a time for this name
+args = ap.parse_args()
+
+shapes = model_shapes(args.nereus, "tiny-llama")  # every role of ppo-tiny
+m = nereus.Member(coordinator=args.coordinator, rank=int(args.rank), nodes=int(args.nodes), token_file=args.token,
+                  devices=2, capacity="256MiB")
+out = open(args.out, "w")
+out.write(json.dumps({"listening": m.listening}) + "\n")
+out.flush()
+
+
+def first_elements_match(shard, k=8):
+    """The first k elements of the shard's first row against the fill of sharding.md."""
+    width = 4 if shard.dtype == "f32" else 2
+    box = [list(r) for r in shard.box]
+    shape = shapes[shard.tensor]
+    cols = shape[1] if len(shape) > 1 else 1
+    if len(box) > 1:
+        sub = [[box[0][0], box[0][0] + 1], [box[1][0], min(box[1][1], box[1][0] + k)]]
+    else:
+        sub = [[box[0][0], min(box[0][1], box[0][0] + k)]]
+    want = expected_bytes(shard.tensor, shard.slot, sub, cols, width)
+    return ctypes.string_at(shard.data_ptr, len(want)) == want
+
+
+for step in m.steps(timeout=120):
+    seen = {"step": step.step, "replicas": dict(step.replicas), "units": []}
+    seconds = {}
+    for u in step.units:
+        t0 = time.perf_counter()
+        ok, checked, total = True, 0, 0.0
+        for shard in u.shards(None):
+            total += float(shard.data.float().sum())  # the stage's work: torch reads the unit's memory in place
+            ok = ok and first_elements_match(shard)
+            checked += 1
+        seconds[u.model_stage] = max(seconds.get(u.model_stage, 0.0), time.perf_counter() - t0)
+        seen["units"].append({"id": u.id, "model_stage": u.model_stage, "replica": u.replica, "devices": list(u.devices),
+                              "layout": u.layout, "shards": checked, "fill_ok": ok})
+    if step.step == args.die_at_step:
+        os.kill(os.getpid(), signal.SIGKILL)  # mid-step, before reporting
+    if args.report_stage:
+        seconds[args.report_stage] = 1.0
+    seen["seconds"] = seconds
+    out.write(json.dumps(seen) + "\n")
+    out.flush()
+    m.report(stage_seconds=seconds, response_len_mean=step.response_len, response_len_p95=1.5 * step.response_len)
+out.write(json.dumps({"ended": True}) + "\n")
+out.close()

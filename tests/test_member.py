@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Framework processes as nodes (nereus.Member, `cluster job --node-steps`), across real
+processes on loopback: a coordinator nereusd and two Python framework processes, each its
+node with the units on its devices. Each step the frameworks read their units in place
+(torch through DLPack), check them against the fill recomputed independently, and report
+stage times, which reach the controller; a transition between steps hands them other
+units; a framework killed mid-step is recovered from; a report naming no model-stage is
+one clear error.
+
+  test_member.py BUILD_DIR/src
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import check, finish  # noqa: E402
+from daemon_harness import JOB_FROM, JOB_SPREAD, JOB_SPREAD_TO, JOB_TO, start, stop_all, token_file  # noqa: E402
+
+BIN = sys.argv[1]
+NEREUSD = os.path.join(BIN, "nereusd")
+NEREUS = os.path.join(BIN, "nereus")
+work = tempfile.mkdtemp(prefix="nereus-member-")
+TOKEN = token_file(work, "token", "s3cret-token-for-the-member-tests")
+procs = []
+
+
+def coordinator(name):
+    log = start(NEREUSD, TOKEN, work, name, "--coordinator-mode", "--nodes", "3", "--listen", "127.0.0.1:0",
+                "--devices", "host:2:256MiB", procs=procs)
+    end = time.time() + 10
+    while time.time() < end:
+        log.seek(0)
+        m = re.search(r"listening on (127\.0\.0\.1:\d+)", log.read())
+        if m:
+            return m.group(1)
+        time.sleep(0.05)
+    raise SystemExit(f"the coordinator did not start: {open(log.name).read()}")
+
+
+def members(addr, tag, extra=None):
+    """Two framework processes, ranks 1 and 2; their JSON lines go to WORK/TAG-R.jsonl."""
+    out = {}
+    for r in (1, 2):
+        path = os.path.join(work, f"{tag}-{r}.jsonl")
+        log = open(os.path.join(work, f"{tag}-{r}.log"), "w")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "member_node.py"), NEREUS, addr, str(r), "3", TOKEN, path,
+                                       *((extra or {}).get(r, []))], stdout=log, stderr=subprocess.STDOUT))
+        out[r] = path
+    return out
+
+
+def lines(path):
+    try:
+        return [json.loads(x) for x in open(path) if x.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_alive(addr, n, timeout=30):
+    end = time.time() + timeout
+    while time.time() < end:
+        r = subprocess.run([NEREUS, "cluster", "status", "--coordinator", addr, "--token-file", TOKEN, "--json"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and json.loads(r.stdout).get("alive") == n:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def job(addr, *args):
+    r = subprocess.run([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", "ppo-tiny", "--json",
+                        "--node-steps", *args], capture_output=True, text=True, timeout=300)
+    return r.returncode, (json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}), r.stderr
+
+
+def units_by_stage(seen):
+    out = {}
+    for u in seen["units"]:
+        out.setdefault(u["model_stage"], []).append(u)
+    return out
+
+
+def member_errors():
+    """The Python API's errors: each one line naming what is wrong."""
+    import nereus
+    try:
+        nereus.Member(coordinator="127.0.0.1:1", rank=1, nodes=2, token_file="/no/such/token")
+        check(False, "a missing token file is refused")
+    except nereus.Error as e:
+        check("/no/such/token" in str(e), f"a missing token file is named ({e})")
+    m = nereus.Member(coordinator="127.0.0.1:1", rank=1, nodes=2, token_file=TOKEN, join_timeout_ms=300)
+    try:
+        m.report(stage_seconds={"actor/train": 1.0})
+        check(False, "a report without a step is refused")
+    except nereus.Error as e:
+        check("no step to report" in str(e), f"a report without a step is refused ({e})")
+    try:
+        m.next_step(timeout=30)
+        check(False, "a node that cannot join ends next_step()")
+    except nereus.Error as e:
+        check("node stopped" in str(e) and "127.0.0.1:1" in str(e), f"a node that cannot join says why ({e})")
+    check(not m.running, "and it is no longer running")
+
+
+try:
+    member_errors()
+
+    # 1. Two steps on JOB_FROM, then JOB_TO: the frameworks see the units a transition built.
+    addr = coordinator("coordinator")
+    files = members(addr, "move")
+    check(wait_alive(addr, 3), "two framework processes joined as nodes 1 and 2")
+    rc, rep, err = job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--steps", "2")
+    check(rc == 0 and rep.get("verified") is True, f"the job over framework nodes ends verified (rc {rc}, {err.strip()[-300:]})")
+    steps = rep.get("steps", [])
+    check(len(steps) == 2 and "transition" in steps[0], "step 1 runs, then the transition to the --to plan")
+    measured = steps[0].get("measured", {}) if steps else {}
+    check(sorted(measured.get("nodes", [])) == [0, 1, 2], f"every node answered the step ({measured.get('nodes')})")
+    time.sleep(0.5)
+    seen = {r: lines(p) for r, p in files.items()}
+    for r in (1, 2):
+        got = [x for x in seen[r] if "step" in x]
+        check([x["step"] for x in got] == [1, 2], f"node {r}'s framework ran steps 1 and 2 ({[x.get('step') for x in got]})")
+        check(seen[r] and seen[r][-1].get("ended") is True, f"node {r}'s steps() ended with the job")
+        check(all(u["fill_ok"] and u["shards"] > 0 for x in got for u in x["units"]),
+              f"node {r}: every shard it read matches the fill recomputed independently")
+        for x in got:
+            plan = JOB_FROM if x["step"] == 1 else JOB_TO
+            want = {}
+            for stage, spec in plan.items():
+                dp = int(spec.split("dp=")[1].split(",")[0])
+                check(x["replicas"].get(stage) == dp, f"node {r} step {x['step']}: {stage} has {dp} replicas")
+                ids = []
+                for g in spec.split("devices=")[1].split(":"):
+                    lo, _, hi = g.partition("-")
+                    ids += list(range(int(lo), int(hi or lo) + 1))
+                per = len(ids) // dp  # replica i holds the i-th run of `per` devices
+                for rep_i in range(dp):
+                    devs = ids[rep_i * per:(rep_i + 1) * per]
+                    if any(d // 2 == r for d in devs):
+                        want.setdefault(stage, []).append((rep_i, devs))
+            have = {s: sorted((u["replica"], u["devices"]) for u in us) for s, us in units_by_stage(x).items()}
+            check(have == {s: sorted(v) for s, v in want.items()},
+                  f"node {r} step {x['step']}: it holds exactly the plan's units with a GPU on it")
+    # The stage times reach the controller: the slowest node's per model-stage.
+    fw = {}
+    for r in (1, 2):
+        for x in seen[r]:
+            if x.get("step") == 1:
+                for s, t in x["seconds"].items():
+                    fw[s] = max(fw.get(s, 0.0), t)
+    got = measured.get("stage_seconds", {})
+    check(fw and all(abs(got.get(s, -1) - t) < 1e-9 for s, t in fw.items()),
+          f"step 1's measured times are the slowest framework's ({got} vs {fw})")
+    check(measured.get("response_len_p95", 0) > measured.get("response_len_mean", 0) > 0, "the frameworks' response lengths are reported")
+
+    # 2. The controller decides from what the frameworks measured.
+    files = members(addr, "ctl")
+    check(wait_alive(addr, 3), "the frameworks joined again")
+    rc, rep, err = job(addr, "--steps", "3", "--response-len", "64", "--response-len-after", "256")
+    steps = rep.get("steps", [])
+    check(rc == 0 and rep.get("verified") is True and len(steps) == 3, f"a controller-driven job over frameworks verifies ({err.strip()[-300:]})")
+    check(all("decision" in s and "measured" in s for s in steps), "every step has the frameworks' measurements and a decision")
+
+    # 3. A report naming no model-stage: one clear error, the coordinator keeps serving.
+    files = members(addr, "bad", {1: ["--report-stage", "actor/dance"]})
+    check(wait_alive(addr, 3), "the frameworks joined for the bad report")
+    rc, rep, err = job(addr, "--steps", "2")
+    text = rep.get("error", "") + err
+    check(rc == 1 and "node 1 reported a time for 'actor/dance'" in text, f"a bad report is named ({text.strip()[-300:]})")
+
+    # 4. A framework killed mid-step: the job goes on with the survivors' intact units.
+    time.sleep(0.5)
+    stop_all(procs[1:])
+    files = members(addr, "kill", {2: ["--die-at-step", "2"]})
+    check(wait_alive(addr, 3), "the frameworks joined for the kill")
+    rc, rep, err = job(addr, "--plan", json.dumps(JOB_SPREAD), "--to", json.dumps(JOB_SPREAD_TO), "--steps", "3",
+                       "--timeout", "60")
+    f = (rep.get("failures") or [{}])[0]
+    check(f.get("lost_nodes") == [2] and f.get("phase") == "idle", f"the killed framework's node is lost during its step ({f})")
+    check(rep.get("verified") is True, f"the job ends verified on the survivors ({rep.get('error')}, {err.strip()[-200:]})")
+    time.sleep(0.5)
+    got = [x for x in lines(files[1]) if "step" in x]
+    check([x["step"] for x in got] == [1, 2, 3], f"node 1's framework ran every step ({[x['step'] for x in got]})")
+    check(got and all(all(u["fill_ok"] for u in x["units"]) for x in got), "node 1 read the fill after the recovery too")
+finally:
+    stop_all(procs)
+
+finish("member")
