@@ -159,6 +159,16 @@ try:
     check(fw and all(abs(got.get(s, -1) - t) < 1e-9 for s, t in fw.items()),
           f"step 1's measured times are the slowest framework's ({got} vs {fw})")
     check(measured.get("response_len_p95", 0) > measured.get("response_len_mean", 0) > 0, "the frameworks' response lengths are reported")
+    # A training stage a framework reported a time for trained: after the step, every other
+    # stage of its model got the trained params (the fill again here). In JOB_FROM only
+    # critic/train is on a framework's node (node 0 is a plain nereusd), and critic/infer
+    # has one unit.
+    sync = steps[0].get("weight_sync", {}) if steps else {}
+    trained = {s.split("/")[0] for s in fw if s.endswith("/train")}
+    units_synced = sum(int(JOB_FROM[s].split("dp=")[1].split(",")[0]) for s in JOB_FROM
+                       if s.split("/")[0] in trained and not s.endswith("/train"))
+    check(trained == {"critic"} and sync.get("builds") == units_synced == 1 and sync.get("link_bytes", 0) > 0,
+          f"weight sync after step 1 rebuilt the critic's inference unit from critic/train ({sync})")
 
     # 2. The controller decides from what the frameworks measured.
     files = members(addr, "ctl")

@@ -156,6 +156,12 @@ int run_job(const JobArgs& a) {
       } else {
         std::cout << "the plan --to names\n";
       }
+      if (step.contains("weight_sync")) {
+        const auto& w = step["weight_sync"];
+        std::cout << fmt::format("  weight sync: {} unit{} in {:.3f} s, {} between devices\n", w.value("builds", 0),
+                                 w.value("builds", 0) == 1 ? "" : "s", w.value("seconds", 0.0),
+                                 human_bytes(w.value("link_bytes", std::uint64_t{0})));
+      }
       if (step.contains("transition")) std::cout << transition_lines(step["transition"]);
     }
     for (const auto& f : j.value("failures", nlohmann::json::array())) {

@@ -78,6 +78,7 @@ class JobLife {
         end();
         seen = observation(reports, k, len, step);
         co_await recover(k, len);
+        if (seen) step["weight_sync"] = co_await sync_weights(*seen, k, len);
       } else if (r_.step_seconds > 0) {
         begin("step " + std::to_string(k), "idle");
         co_await wait_or_loss(r_.step_seconds);
@@ -193,6 +194,51 @@ class JobLife {
     const TransitionGraph g = ctl_.transition(from, to, s);
     if (!g.feasibility.ok) throw Error(std::string("the ") + what + " does not fit device memory: " + g.feasibility.reason);
     co_return co_await detail::run_graph(d_, g, pool_);
+  }
+
+  /// Weight sync after a step the frameworks ran, as the embedded job's end_step: each
+  /// generation and inference stage of a model whose training stage reported a time (it
+  /// trained) gets the training units' params, unit by unit (a build from them, param
+  /// slot only). A node lost meanwhile is recovered from, then the sync runs again over
+  /// what is left; any other failure ends the job.
+  asio::awaitable<json> sync_weights(const StepObservation& o, long k, double len) {
+    const auto trained = [&](const std::string& stage) {
+      return std::any_of(o.stage_seconds.begin(), o.stage_seconds.end(), [&](const auto& x) { return x.first == stage; });
+    };
+    for (;;) {
+      const std::size_t lost = d_.lost().size();
+      begin("weight sync", "sync");
+      const auto t0 = clock::now();
+      std::uint64_t builds = 0, between = 0, inside = 0;
+      std::string error;
+      try {
+        const std::vector<ModelStage>& st = d_.stages();
+        for (std::size_t t = 0; t < st.size(); ++t) {
+          if (st[t].kind != StageKind::train || !trained(st[t].name())) continue;
+          const std::vector<std::vector<std::uint32_t>> from{d_.current()[t]};
+          for (std::size_t m = 0; m < st.size(); ++m) {
+            if (m == t || st[m].role != st[t].role) continue;
+            const std::vector<std::uint32_t> targets = d_.current()[m];
+            for (std::uint32_t id : targets) {
+              const std::vector<RunDone> runs = co_await d_.build(id, from);
+              for (const RunDone& r : runs) {
+                between += r.link_bytes;
+                inside += r.local_bytes;
+              }
+              ++builds;
+            }
+          }
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      end();
+      if (error.empty())
+        co_return json{{"builds", builds}, {"link_bytes", between}, {"local_bytes", inside},
+                       {"seconds", std::chrono::duration<double>(clock::now() - t0).count()}};
+      if (d_.lost().size() == lost) throw Error("weight sync: " + error);
+      co_await recover(k, len);
+    }
   }
 
   /// Nodes alive again (restarted after a loss) join the job; the next decision sees their
