@@ -99,6 +99,40 @@ TEST_CASE("async scope joins everything it spawned and reports the first excepti
   CHECK(done == 50);
 }
 
+TEST_CASE("async scope: cancelling a parent while it joins cancels the children and still waits for them") {
+  // Before, the join threw at once and the scope went away with its children running
+  // (an abort): a coordinator stopped while it closed a job's sessions did that.
+  asio::io_context io;
+  bool child_cancelled = false, parent_saw_it = false;
+  auto child = [&]() -> asio::awaitable<void> {
+    asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::seconds(30));
+    auto [ec] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    child_cancelled = ec == asio::error::operation_aborted;
+  };
+  auto parent = [&]() -> asio::awaitable<void> {
+    AsyncScope scope(co_await asio::this_coro::executor);
+    scope.spawn(child());
+    co_await scope.join();  // returns once the child has ended
+    try {
+      asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(1));
+      co_await t.async_wait(asio::use_awaitable);
+    } catch (const boost::system::system_error&) {
+      parent_saw_it = true;  // its own cancellation still holds after the join
+    }
+  };
+  asio::cancellation_signal stop;
+  bool done = false;
+  asio::co_spawn(io, parent(), asio::bind_cancellation_slot(stop.slot(), [&](std::exception_ptr) { done = true; }));
+  asio::steady_timer later(io, std::chrono::milliseconds(10));
+  later.async_wait([&](auto) { stop.emit(asio::cancellation_type::terminal); });
+  const auto t0 = std::chrono::steady_clock::now();
+  io.run();
+  CHECK(done);
+  CHECK(child_cancelled);
+  CHECK(parent_saw_it);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
 TEST_CASE("executor: per-link concurrency, commits after the last byte, failure, cancellation") {
   const auto src = coll("tp=2,pp=1,dp=1");
   const auto dst = coll("tp=1,pp=1,dp=2,devices=2:3");

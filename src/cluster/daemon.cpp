@@ -61,6 +61,7 @@ struct Daemon::State {
   std::list<Channel*> handshaking;
   bool stopping = false;
   bool driving = false;        // the coordinator runs one transition at a time
+  int answering = 0;           // clients' transition and job requests not yet answered
   std::string fatal;
   asio::steady_timer stopped{io};
 
@@ -94,6 +95,24 @@ struct Daemon::State {
   }
 
   Endpoint reachable_at() const { return o.advertise ? *o.advertise : listening(); }
+
+  /// Counts a client's request from its arrival to its answer (stop_after waits for it).
+  struct Answering {
+    int& n;
+    explicit Answering(int& count) : n(count) { ++n; }
+    ~Answering() { --n; }
+  };
+
+  /// finish() once no client's request is left unanswered, or after `grace`.
+  asio::awaitable<void> finish_when_answered(Millis grace) {
+    const auto until = Clock::now() + grace;
+    asio::steady_timer t(io);
+    while (answering > 0 && !stopping && Clock::now() < until) {
+      t.expires_after(std::chrono::milliseconds(20));
+      co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    finish("");
+  }
 
   void finish(std::string error) {
     if (stopping) return;
@@ -217,9 +236,11 @@ struct Daemon::State {
           Body answer = status();
           co_await reply(ch, req.request_id, std::move(answer));
         } else if (auto* spec = std::get_if<TransitionSpec>(&req.body)) {
+          const Answering counted(answering);
           Body answer = co_await transition(*spec, req.request_id);
           co_await reply(ch, req.request_id, std::move(answer));
         } else if (auto* jr = std::get_if<JobRequest>(&req.body)) {
+          const Answering counted(answering);
           Body answer = co_await run_job(*jr, req.request_id);
           co_await reply(ch, req.request_id, std::move(answer));
         } else if (const bool handled = co_await job.handle(ch, req); handled) {
@@ -536,6 +557,11 @@ asio::awaitable<void> Daemon::run() {
 }
 
 void Daemon::stop() { s_->finish(""); }
+
+void Daemon::stop_after(Millis grace) {
+  if (s_->answering == 0) return s_->finish("");
+  s_->scope.spawn(s_->finish_when_answered(grace));
+}
 
 bool Daemon::stuck() const { return s_->metrics.stuck_parts > 0; }
 

@@ -125,7 +125,10 @@ Member::Member(DaemonOptions options) : s_(std::make_unique<State>()) {
 }
 
 Member::~Member() {
-  stop();
+  // Rank 0 is the coordinator: the job whose end let the framework go is still being
+  // reported to its client.
+  Daemon* d = s_->daemon.get();
+  asio::post(s_->io, [d] { d->stop_after(std::chrono::seconds(10)); });
   if (s_->thread.joinable()) s_->thread.join();
   if (s_->daemon->stuck()) (void)s_->daemon.release();  // a transfer that would not stop still uses it
 }

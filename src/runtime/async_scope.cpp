@@ -57,10 +57,23 @@ void AsyncScope::cancel() {
 }
 
 asio::awaitable<void> AsyncScope::join() {
-  while (pending_ > 0) {
+  // Joining is cleanup: a parent cancelled while it joins cancels its children and still
+  // waits for them, rather than leave them running on a scope about to go away. Its own
+  // cancellation stays set, so its next wait after the join throws it.
+  const bool throws = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
+  bool cancelled = false;
+  for (;;) {
+    const asio::cancellation_state cs = co_await asio::this_coro::cancellation_state;
+    if (!cancelled && cs.cancelled() != asio::cancellation_type::none) {
+      cancelled = true;
+      cancel();
+    }
+    if (pending_ == 0) break;
     idle_.expires_at(asio::steady_timer::time_point::max());
     co_await idle_.async_wait(asio::as_tuple(asio::use_awaitable));
   }
+  co_await asio::this_coro::throw_if_cancelled(throws);
   prune();
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }

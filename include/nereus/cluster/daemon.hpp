@@ -51,6 +51,9 @@ class Daemon {
   /// taken, coordinator unreachable within join_limit).
   asio::awaitable<void> run();
   void stop();
+  /// stop() once the coordinator has answered every client's transition or job request in
+  /// hand (their results reach the clients), waiting at most `grace`.
+  void stop_after(Millis grace);
   /// Whether a transition or job part was left behind running (a transfer that would not
   /// stop): the process should then end without destroying what it still uses.
   bool stuck() const;

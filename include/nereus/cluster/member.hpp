@@ -25,7 +25,8 @@ class Member {
   /// Binds the node's addresses (throws Error naming one in use) and starts joining the
   /// coordinator on the member's thread. `options.step_host` is the member's own.
   explicit Member(DaemonOptions options);
-  /// Stops the node (its units are freed) and joins its thread.
+  /// Stops the node (its units are freed) and joins its thread. As the coordinator (rank
+  /// 0), it first answers the client of a job in hand (at most 10 s).
   ~Member();
   Member(const Member&) = delete;
   Member& operator=(const Member&) = delete;

@@ -27,7 +27,8 @@ class AsyncScope {
   /// itself too, and once it ends its outcome still reaches join().
   void cancel();
   /// Completes when every spawned coroutine has finished; rethrows the first exception
-  /// one of them ended with.
+  /// one of them ended with. Cancelling the caller while it joins cancels the children,
+  /// and the join still waits for them.
   asio::awaitable<void> join();
   /// join(), if every coroutine finishes within `limit`; false (nothing joined) when one
   /// is still running then, such as a transfer that would not stop.
