@@ -5,6 +5,7 @@ checks the first elements of every shard against the fill recomputed independent
 (shards.py), reports per-stage seconds, and writes what it saw as one JSON line a step.
 
   member_node.py NEREUS COORDINATOR RANK NODES TOKEN OUT [--die-at-step K] [--report-stage NAME]
+      [--step-sleep S]
 """
 import argparse
 import ctypes
@@ -24,6 +25,7 @@ for a in ["nereus", "coordinator", "rank", "nodes", "token", "out"]:
     ap.add_argument(a)
 ap.add_argument("--die-at-step", type=int, default=-1)
 ap.add_argument("--report-stage", default="")  # a bad report: a time for this name
+ap.add_argument("--step-sleep", type=float, default=0.0)  # each step takes at least this long
 args = ap.parse_args()
 
 shapes = model_shapes(args.nereus, "tiny-llama")  # every role of ppo-tiny
@@ -63,6 +65,7 @@ for step in m.steps(timeout=120):
                               "layout": u.layout, "shards": checked, "fill_ok": ok})
     if step.step == args.die_at_step:
         os.kill(os.getpid(), signal.SIGKILL)  # mid-step, before reporting
+    time.sleep(args.step_sleep)
     if args.report_stage:
         seconds[args.report_stage] = 1.0
     seen["seconds"] = seconds

@@ -185,20 +185,37 @@ try:
     text = rep.get("error", "") + err
     check(rc == 1 and "node 1 reported a time for 'actor/dance'" in text, f"a bad report is named ({text.strip()[-300:]})")
 
-    # 4. A framework killed mid-step: the job goes on with the survivors' intact units.
+    # 4. A framework killed mid-step: the job goes on with the survivors' intact units; the
+    # framework restarted rejoins at a later step and the job moves onto it again.
     time.sleep(0.5)
     stop_all(procs[1:])
-    files = members(addr, "kill", {2: ["--die-at-step", "2"]})
+    files = members(addr, "kill", {1: ["--step-sleep", "1"], 2: ["--die-at-step", "2"]})
     check(wait_alive(addr, 3), "the frameworks joined for the kill")
-    rc, rep, err = job(addr, "--plan", json.dumps(JOB_SPREAD), "--to", json.dumps(JOB_SPREAD_TO), "--steps", "3",
-                       "--timeout", "60")
+    running = subprocess.Popen([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", "ppo-tiny",
+                                "--json", "--node-steps", "--plan", json.dumps(JOB_SPREAD), "--to", json.dumps(JOB_SPREAD_TO),
+                                "--steps", "8", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = procs[-1]
+    victim.wait(60)
+    restarted = os.path.join(work, "kill-2-again.jsonl")
+    procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "member_node.py"), NEREUS, addr, "2", "3", TOKEN, restarted],
+                                  stdout=open(os.path.join(work, "kill-2-again.log"), "w"), stderr=subprocess.STDOUT))
+    out, err = running.communicate(timeout=300)
+    rep = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
     f = (rep.get("failures") or [{}])[0]
+    check(victim.returncode == -signal.SIGKILL, "the framework of node 2 died mid-step")
     check(f.get("lost_nodes") == [2] and f.get("phase") == "idle", f"the killed framework's node is lost during its step ({f})")
-    check(rep.get("verified") is True, f"the job ends verified on the survivors ({rep.get('error')}, {err.strip()[-200:]})")
+    check(rep.get("verified") is True, f"the job ends verified ({rep.get('error')}, {err.strip()[-200:]})")
+    joined = [s["step"] for s in rep.get("steps", []) if s.get("joined_nodes") == [2]]
+    check(len(joined) == 1, f"the restarted framework's node rejoined the job at a later step ({joined})")
     time.sleep(0.5)
     got = [x for x in lines(files[1]) if "step" in x]
-    check([x["step"] for x in got] == [1, 2, 3], f"node 1's framework ran every step ({[x['step'] for x in got]})")
+    check([x["step"] for x in got] == list(range(1, 9)), f"node 1's framework ran every step ({[x['step'] for x in got]})")
     check(got and all(all(u["fill_ok"] for u in x["units"]) for x in got), "node 1 read the fill after the recovery too")
+    again = [x for x in lines(restarted) if "step" in x]
+    check(again and again[-1]["step"] == 8 and any(x["units"] for x in again)
+          and all(u["fill_ok"] for x in again for u in x["units"]),
+          f"the restarted framework ran the steps after it joined, on units the job moved onto it again "
+          f"({[(x['step'], len(x['units'])) for x in again]})")
 finally:
     stop_all(procs)
 
