@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Installs the build into a temporary root (meson install --destdir), then builds the
-embedding examples (examples/embed/reshard.cpp and the C++ block of docs/embedding.md)
-out of tree with `pkg-config --cflags --libs nereus` alone, runs them, and checks their
-answers and an error on a bad layout; imports the installed Python module when it was
-built. Usage: test_install.py BUILD_DIR SOURCE_DIR"""
+embedding examples (examples/embed/reshard.cpp, examples/embed/member.cpp and the C++
+block of docs/embedding.md) out of tree with `pkg-config --cflags --libs nereus` alone,
+runs them (the member as a node of an installed nereusd's job), and checks their answers
+and an error on a bad layout; imports the installed Python module when it was built. Usage: test_install.py BUILD_DIR SOURCE_DIR"""
 import glob
 import re
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 failed = 0
 
@@ -19,6 +21,44 @@ def check(ok, what):
     global failed
     print(("ok   " if ok else "FAIL ") + what)
     failed += 0 if ok else 1
+
+
+def member_node(root, source, cxx, flags, env, run_env, nereusd, nereus):
+    exe = os.path.join(root, "member")
+    c = subprocess.run([cxx, "-std=c++20", os.path.join(source, "examples", "embed", "member.cpp"), "-o", exe] + flags,
+                       capture_output=True, text=True, env=env)
+    check(c.returncode == 0, "the C++ member example builds out of tree" + ("" if c.returncode == 0 else ":\n" + c.stderr[-2000:]))
+    if c.returncode != 0:
+        return
+    token = os.path.join(root, "token")
+    with open(token, "w") as f:
+        f.write("s3cret-token-for-the-install-test\n")
+    os.chmod(token, 0o600)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
+    coord = subprocess.Popen([nereusd, "--coordinator-mode", "--nodes", "2", "--listen", addr, "--token-file", token,
+                              "--devices", "host:2:256MiB"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=run_env)
+    node = subprocess.Popen([exe, addr, "1", "2", token], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env)
+    try:
+        for _ in range(100):  # both joined
+            r = subprocess.run([nereus, "cluster", "status", "--coordinator", addr, "--token-file", token, "--json"],
+                               capture_output=True, text=True, env=run_env)
+            if r.returncode == 0 and '"alive":2' in r.stdout.replace(" ", ""):
+                break
+            time.sleep(0.1)
+        r = subprocess.run([nereus, "cluster", "job", "--coordinator", addr, "--token-file", token, "--job", "ppo-tiny",
+                            "--node-steps", "--steps", "2"], capture_output=True, text=True, env=run_env, timeout=120)
+        out, _ = node.communicate(timeout=60)
+        check(r.returncode == 0 and "verified: yes" in r.stdout and "nodes [0,1] ran it" in r.stdout,
+              "an installed coordinator runs a job's steps on the C++ member: " + (r.stdout + r.stderr).strip()[-600:])
+        check(node.returncode == 0 and "step 1:" in out and "step 2:" in out and "the job ended" in out,
+              "the C++ member ran steps 1 and 2 and ended with the job: " + out.strip()[-400:])
+    finally:
+        for p in (node, coord):
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
 
 
 def main(build, source):
@@ -73,6 +113,14 @@ def main(build, source):
             if c.returncode == 0:
                 r = subprocess.run([exe + "-doc"], capture_output=True, text=True, env=run_env, timeout=120)
                 check(r.returncode == 0 and "0 wrong bytes" in r.stdout, "the docs' C++ example runs: " + r.stdout.strip() + r.stderr.strip())
+
+        # A C++ framework node (examples/embed/member.cpp), when the build has the daemons:
+        # built out of tree, it joins an installed nereusd coordinator and runs the steps of
+        # an installed `nereus cluster job --node-steps`.
+        nereusd = glob.glob(os.path.join(root, "**", "bin", "nereusd"), recursive=True)
+        nereus = glob.glob(os.path.join(root, "**", "bin", "nereus"), recursive=True)
+        if nereusd and nereus:
+            member_node(root, source, cxx, flags.stdout.split(), env, run_env, nereusd[0], nereus[0])
 
         # The Python module, when this build has it.
         inits = glob.glob(os.path.join(root, "**", "nereus", "__init__.py"), recursive=True)
