@@ -51,6 +51,8 @@ def first_elements_match(shard, k=8):
 
 
 for step in m.steps(timeout=120):
+    out.write(json.dumps({"began": step.step}) + "\n")
+    out.flush()
     seen = {"step": step.step, "replicas": dict(step.replicas), "units": []}
     seconds = {}
     for u in step.units:

@@ -216,6 +216,25 @@ try:
           and all(u["fill_ok"] for x in again for u in x["units"]),
           f"the restarted framework ran the steps after it joined, on units the job moved onto it again "
           f"({[(x['step'], len(x['units'])) for x in again]})")
+
+    # 5. The coordinator killed while the frameworks compute a step: their reports go
+    # nowhere (no error), steps() ends, and the processes exit cleanly.
+    stop_all(procs[1:])
+    files = members(addr, "orphan", {1: ["--step-sleep", "2"], 2: ["--step-sleep", "2"]})
+    check(wait_alive(addr, 3), "the frameworks joined for the coordinator's death")
+    orphans = procs[-2:]
+    running = subprocess.Popen([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", "ppo-tiny",
+                                "--json", "--node-steps", "--steps", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.time() + 60
+    while time.time() < end and not any(x.get("began") == 2 for x in lines(files[1])):
+        time.sleep(0.05)
+    procs[0].kill()  # the coordinator, while the frameworks hold step 2 (they sleep 2 s in each)
+    codes = [p.wait(30) for p in orphans]
+    running.wait(30)
+    check(codes == [0, 0], f"the frameworks end cleanly when the coordinator dies mid-step ({codes})")
+    check(all(lines(files[r]) and lines(files[r])[-1].get("ended") is True
+              and [x["step"] for x in lines(files[r]) if "step" in x] == [1, 2] for r in (1, 2)),
+          "their steps() ended after step 2, whose report went nowhere")
 finally:
     stop_all(procs)
 

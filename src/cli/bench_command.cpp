@@ -19,7 +19,8 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_flag("--train", c->train, "every unit carries the training slots");
   t->add_flag("--sync", c->sync, "weight sync: training source, generation target (param only)");
   t->add_option("--transport", c->transport, "local | ucx (one-sided gets) | ucx-tag (tagged send/recv) | auto (per link: local copies inside a process, UCX gets "
-                 "across) | cuda (units in GPU memory: copies, CUDA IPC gets across processes)")
+                 "across; with --memory cuda, CUDA IPC gets across) | cuda (units in GPU memory: copies, CUDA IPC gets across "
+                 "processes)")
       ->check(CLI::IsMember({"local", "ucx", "ucx-tag", "auto", "cuda"}));
   t->add_option("--memory", c->memory, "host | cuda: where the units live (GPU d mod the GPUs present); default host")
       ->check(CLI::IsMember({"host", "cuda"}));

@@ -41,7 +41,8 @@ class Member {
   /// not reported.
   std::optional<NodeStep> next_step();
   /// Answers the step next_step() gave with what the framework measured (zeros where it
-  /// measured nothing). Throws Error when there is no step to answer.
+  /// measured nothing); when the job ended meanwhile, the report goes nowhere. Throws
+  /// Error when there is no step to answer.
   void report(StepDone measured);
   /// Whether the node is still running (false after an error or stop()).
   bool running() const;
