@@ -425,6 +425,12 @@ try:
     check(rc == 0 and len(lens) == 3 and lens == sorted(lens) and abs(lens[-1] - 4096) < 1 and j.get("verified") is True
           and all("decision" in s for s in j["steps"]),
           f"a job of 3 steps: the controller decides at each, responses growing, verified ({lens} {err.strip()[-300:]})")
+    # Node steps with no framework on any node: each daemon answers at once, nothing is
+    # measured, so nothing calibrates or syncs, and the controller decides as without them.
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(cramped), "--steps", "2", "--node-steps")
+    check(rc == 0 and j.get("verified") is True and len(j.get("steps", [])) == 2
+          and all("decision" in s and "measured" not in s and "weight_sync" not in s for s in j["steps"]),
+          f"node steps over daemons without frameworks: answered at once, the job verifies ({err.strip()[-300:]})")
     # Rejoin: node 2 dies in a job's first step; restarted, it joins at the next step and
     # the controller grows onto it (48 sequences a step: 6 DP replicas of generation divide
     # them, so the best plan for 6 devices uses node 2's).
