@@ -147,7 +147,9 @@ int run_job(const JobArgs& a) {
         std::string times;
         for (const auto& [stage, seconds] : step["measured"]["stage_seconds"].items())
           times += fmt::format("{}{} {:.3f} s", times.empty() ? "" : ", ", stage, seconds.get<double>());
-        std::cout << fmt::format("nodes {} ran it ({}); ", step["measured"]["nodes"].dump(), times.empty() ? "no times" : times);
+        const double seen = step["measured"].value("response_len_mean", 0.0);
+        std::cout << fmt::format("nodes {} ran it ({}{}); ", step["measured"]["nodes"].dump(), times.empty() ? "no times" : times,
+                                 seen > 0 ? fmt::format("; responses {:.0f} tokens as they measured", seen) : "");
       }
       if (step.contains("decision")) {
         const auto& d = step["decision"];

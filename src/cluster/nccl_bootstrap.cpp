@@ -35,8 +35,6 @@ const NcclApi& nccl_api() {
 
 }  // namespace
 
-bool nccl_built() { return nccl_api().get_unique_id != nullptr; }
-
 Bytes nccl_unique_id() {
   const NcclApi& api = nccl_api();
   if (!api.get_unique_id) return {};  // no NCCL on this machine: as a build without it
@@ -54,7 +52,6 @@ void check_nccl_id(const Bytes& id) {
                 std::to_string(sizeof(ncclUniqueId::internal)) + ")");
 }
 #else
-bool nccl_built() { return false; }
 Bytes nccl_unique_id() { return {}; }
 void check_nccl_id(const Bytes&) {}
 #endif

@@ -7,8 +7,6 @@
 
 namespace nereus::cluster::detail {
 
-/// Whether this build has NCCL and this machine's libnccl.so.2 opens (dlopen).
-bool nccl_built();
 /// A fresh NCCL unique id (ncclGetUniqueId; it needs no GPU); empty without NCCL (in the
 /// build or on the machine). Throws nereus::Error when NCCL fails.
 Bytes nccl_unique_id();
