@@ -30,9 +30,9 @@ args = ap.parse_args()
 
 shapes = model_shapes(args.nereus, "tiny-llama")  # every role of ppo-tiny
 m = nereus.Member(coordinator=args.coordinator, rank=int(args.rank), nodes=int(args.nodes), token_file=args.token,
-                  devices=2, capacity="256MiB")
+                  devices=2, capacity="256MiB", metrics="127.0.0.1:0")
 out = open(args.out, "w")
-out.write(json.dumps({"listening": m.listening}) + "\n")
+out.write(json.dumps({"listening": m.listening, "metrics": m.metrics_listening}) + "\n")
 out.flush()
 
 

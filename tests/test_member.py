@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,16 @@ def members(addr, tag, extra=None):
                                        *((extra or {}).get(r, []))], stdout=log, stderr=subprocess.STDOUT))
         out[r] = path
     return out
+
+
+def http_get(addr, path):
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode()
 
 
 def lines(path):
@@ -118,6 +129,11 @@ try:
     check(wait_alive(addr, 3), "two framework processes joined as nodes 1 and 2")
     rc, rep, err = job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--steps", "2")
     check(rc == 0 and rep.get("verified") is True, f"the job over framework nodes ends verified (rc {rc}, {err.strip()[-300:]})")
+    # Each framework node serves its metrics as nereusd does (builds count as runs).
+    at = lines(files[1])[0].get("metrics") if lines(files[1]) else None
+    text = http_get(at, "/metrics") if at else ""
+    runs = re.search(r'^nereus_transition_runs_total\{node="1"\} (\d+)', text, re.M)
+    check(runs is not None and int(runs.group(1)) > 0, f"node 1's framework serves its metrics, builds counted ({at})")
     steps = rep.get("steps", [])
     check(len(steps) == 2 and "transition" in steps[0], "step 1 runs, then the transition to the --to plan")
     measured = steps[0].get("measured", {}) if steps else {}

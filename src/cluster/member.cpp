@@ -101,6 +101,8 @@ struct Member::State {
   asio::io_context io;
   std::shared_ptr<Host> host = std::make_shared<Host>();
   std::unique_ptr<Daemon> daemon;
+  Endpoint listening;                  // read once bound, before the daemon's thread starts:
+  std::optional<Endpoint> metrics;     // the framework's thread never touches the sockets
   std::thread thread;
 };
 
@@ -108,6 +110,8 @@ Member::Member(DaemonOptions options) : s_(std::make_unique<State>()) {
   options.step_host = s_->host;
   s_->daemon = std::make_unique<Daemon>(s_->io, std::move(options));
   s_->daemon->bind();
+  s_->listening = s_->daemon->listening();
+  s_->metrics = s_->daemon->metrics_listening();
   State* s = s_.get();
   asio::co_spawn(s->io, s->daemon->run(), [s](std::exception_ptr e) {
     std::string error;
@@ -133,7 +137,8 @@ Member::~Member() {
   if (s_->daemon->stuck()) (void)s_->daemon.release();  // a transfer that would not stop still uses it
 }
 
-Endpoint Member::listening() const { return s_->daemon->listening(); }
+Endpoint Member::listening() const { return s_->listening; }
+std::optional<Endpoint> Member::metrics_listening() const { return s_->metrics; }
 bool Member::wait(std::chrono::milliseconds timeout) { return s_->host->wait(timeout); }
 std::optional<NodeStep> Member::next_step() { return s_->host->next(); }
 void Member::report(StepDone measured) { s_->host->report(std::move(measured)); }

@@ -46,8 +46,9 @@ struct PyStep {
 
 cluster::DaemonOptions options_of(const std::string& coordinator, std::optional<int> rank, std::optional<int> nodes,
                                   const std::optional<std::string>& token_file, int devices, py::handle capacity,
-                                  const std::string& listen, const std::optional<std::string>& advertise, int heartbeat_ms,
-                                  int dead_after_ms, int join_timeout_ms) {
+                                  const std::string& listen, const std::optional<std::string>& advertise,
+                                  const std::optional<std::string>& metrics, int heartbeat_ms, int dead_after_ms,
+                                  int join_timeout_ms) {
   cluster::DaemonOptions o;
   cluster::LaunchArgs l;
   l.coordinator = coordinator;
@@ -64,6 +65,7 @@ cluster::DaemonOptions options_of(const std::string& coordinator, std::optional<
   o.devices = devices;
   o.device_capacity = py::isinstance<py::int_>(capacity) ? capacity.cast<std::uint64_t>() : parse_capacity(py::str(capacity).cast<std::string>());
   if (advertise) o.advertise = cluster::parse_endpoint(*advertise, "advertise");
+  if (metrics) o.metrics = cluster::parse_endpoint(*metrics, "metrics");
   if (heartbeat_ms < 1 || dead_after_ms <= heartbeat_ms) throw Error("dead_after_ms must exceed heartbeat_ms, and both be positive");
   o.heartbeat_every = cluster::Millis(heartbeat_ms);
   o.dead_after = cluster::Millis(dead_after_ms);
@@ -106,8 +108,9 @@ void bind_member(py::module_& m) {
                                                   "(docs/cluster.md, \"A framework as a node\").")
       .def(py::init([](const std::string& coordinator, std::optional<int> rank, std::optional<int> nodes,
                        std::optional<std::string> token_file, int devices, py::object capacity, const std::string& listen,
-                       std::optional<std::string> advertise, int heartbeat_ms, int dead_after_ms, int join_timeout_ms) {
-             auto o = options_of(coordinator, rank, nodes, token_file, devices, capacity, listen, advertise, heartbeat_ms,
+                       std::optional<std::string> advertise, std::optional<std::string> metrics, int heartbeat_ms,
+                       int dead_after_ms, int join_timeout_ms) {
+             auto o = options_of(coordinator, rank, nodes, token_file, devices, capacity, listen, advertise, metrics, heartbeat_ms,
                                  dead_after_ms, join_timeout_ms);
              auto p = std::make_shared<PyMember>();
              py::gil_scoped_release unlocked;
@@ -116,10 +119,18 @@ void bind_member(py::module_& m) {
            }),
            py::arg("coordinator") = "", py::arg("rank") = py::none(), py::arg("nodes") = py::none(),
            py::arg("token_file") = py::none(), py::arg("devices") = 1, py::arg("capacity") = "1GiB",
-           py::arg("listen") = "127.0.0.1:0", py::arg("advertise") = py::none(), py::arg("heartbeat_ms") = 250,
+           py::arg("listen") = "127.0.0.1:0", py::arg("advertise") = py::none(), py::arg("metrics") = py::none(),
+           py::arg("heartbeat_ms") = 250,
            py::arg("dead_after_ms") = 1500, py::arg("join_timeout_ms") = 60000)
       .def_property_readonly("listening", [](const PyMember& p) { return p.member->listening().str(); })
       .def_property_readonly("running", [](const PyMember& p) { return p.member->running(); })
+      .def_property_readonly(
+          "metrics_listening",
+          [](const PyMember& p) -> std::optional<std::string> {
+            const auto at = p.member->metrics_listening();
+            return at ? std::optional<std::string>(at->str()) : std::nullopt;
+          },
+          "Where the node's Prometheus endpoint listens (metrics=HOST:PORT), or None.")
       .def(
           "next_step",
           [](const std::shared_ptr<PyMember>& p, std::optional<double> timeout) -> py::object {

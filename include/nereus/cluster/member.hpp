@@ -32,6 +32,8 @@ class Member {
   Member& operator=(const Member&) = delete;
 
   Endpoint listening() const;
+  /// Where the node's Prometheus endpoint listens (DaemonOptions::metrics), if it has one.
+  std::optional<Endpoint> metrics_listening() const;
   /// Waits up to `timeout` for a step or the end of the job on this node; true when
   /// next_step() will not block.
   bool wait(std::chrono::milliseconds timeout);
