@@ -270,7 +270,8 @@ struct NodeJob::State {
       asio::post(ex, [this, reply, request, d = std::move(d)]() mutable {
         if (!reply || !*reply) return;  // the job closed meanwhile; its state is gone
         --stepping;
-        asio::co_spawn(io, send_late(reply, Envelope{kProtocolVersion, request, 0, std::move(d)}), asio::detached);
+        // In the builds' scope, which close() joins: the send never outlives the channel.
+        builds.spawn(send_late(reply, Envelope{kProtocolVersion, request, 0, std::move(d)}));
       });
     });
   }
