@@ -11,7 +11,9 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import signal
+import socket
 import sys
 import time
 
@@ -74,5 +76,13 @@ for step in m.steps(timeout=120):
     out.write(json.dumps(seen) + "\n")
     out.flush()
     m.report(stage_seconds=seconds, response_len_mean=step.response_len, response_len_p95=1.5 * step.response_len)
-out.write(json.dumps({"ended": True}) + "\n")
+# The node's metrics, read while it still is a node: builds it took part in count as runs.
+host, port = m.metrics_listening.rsplit(":", 1)
+with socket.create_connection((host, int(port)), timeout=5) as c:
+    c.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+    text = b""
+    while chunk := c.recv(65536):
+        text += chunk
+runs = re.search(r'^nereus_transition_runs_total\{node="%s"\} (\d+)' % args.rank, text.decode(), re.M)
+out.write(json.dumps({"ended": True, "runs": int(runs.group(1)) if runs else None}) + "\n")
 out.close()
