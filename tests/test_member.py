@@ -238,7 +238,7 @@ try:
     running = subprocess.Popen([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", "ppo-tiny",
                                 "--json", "--node-steps", "--steps", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end = time.time() + 60
-    while time.time() < end and not any(x.get("began") == 2 for x in lines(files[1])):
+    while time.time() < end and not all(any(x.get("began") == 2 for x in lines(files[r])) for r in (1, 2)):
         time.sleep(0.05)
     procs[0].kill()  # the coordinator, while the frameworks hold step 2 (they sleep 2 s in each)
     codes = [p.wait(30) for p in orphans]
