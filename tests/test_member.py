@@ -45,7 +45,13 @@ def coordinator(name):
 
 
 def members(addr, tag, extra=None):
-    """Two framework processes, ranks 1 and 2; their JSON lines go to WORK/TAG-R.jsonl."""
+    """Two framework processes, ranks 1 and 2; their JSON lines go to WORK/TAG-R.jsonl. The
+    last ones leave first (their job ended): ranks 1 and 2 must be free to join."""
+    for p in procs[1:]:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            stop_all([p])
     out = {}
     for r in (1, 2):
         path = os.path.join(work, f"{tag}-{r}.jsonl")
