@@ -371,6 +371,11 @@ TEST_CASE("resolve_launch: by hand and under mpirun, srun, torchrun") {
   CHECK(l.node_rank == 2);
   CHECK(l.source == "arguments");
   CHECK(l.listen.str() == "127.0.0.1:0");
+  CHECK_FALSE(l.coordinator);
+  n.node_rank = 0;  // by hand as under a launcher: rank 0 is the coordinator, on its address
+  l = resolve_launch(n, with({}));
+  CHECK(l.coordinator);
+  CHECK(l.listen.str() == "10.0.0.1:7000");
 
   LaunchArgs c;
   c.coordinator = "127.0.0.1:7100";

@@ -53,6 +53,8 @@ Launch resolve_launch(const LaunchArgs& a, const GetEnv& env) {
     l.node_rank = *a.node_rank;
     l.nodes = *a.nodes;
     l.coordinator_at = parse_endpoint(a.coordinator, "--coordinator");
+    l.coordinator = l.node_rank == 0;  // as under a launcher: rank 0 listens on the coordinator's address
+    if (l.coordinator) l.listen = l.coordinator_at;
   } else {
     const char* rank = nullptr;
     const char* size = nullptr;

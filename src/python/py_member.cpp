@@ -55,10 +55,6 @@ cluster::DaemonOptions options_of(const std::string& coordinator, std::optional<
   l.node_rank = rank;
   l.nodes = nodes;
   l.listen = listen;
-  if (rank == 0) {  // rank 0 is the coordinator, listening on the coordinator's address (as under a launcher)
-    l.coordinator_mode = true;
-    if (listen == "127.0.0.1:0") l.listen = coordinator;
-  }
   o.launch = cluster::resolve_launch(l, [](const char* k) { return std::getenv(k); });
   o.token = cluster::load_token(token_file.value_or(""));
   if (devices < 1) throw Error("devices: at least one, got " + std::to_string(devices));

@@ -39,8 +39,8 @@ using GetEnv = std::function<const char*(const char*)>;
 /// Resolves the daemon's rank, node count and addresses. Arguments win; without
 /// --node-rank or --coordinator-mode the launcher's variables are read
 /// (OMPI_COMM_WORLD_RANK/SIZE, SLURM_PROCID/NTASKS, RANK/WORLD_SIZE with
-/// MASTER_ADDR/MASTER_PORT). Under a launcher, rank 0 is the coordinator and listens on the
-/// coordinator address. Throws nereus::Error with one message naming what is missing or
+/// MASTER_ADDR/MASTER_PORT). Rank 0 (under a launcher, or --node-rank 0) is the
+/// coordinator and listens on the coordinator address. Throws nereus::Error with one message naming what is missing or
 /// inconsistent.
 Launch resolve_launch(const LaunchArgs& args, const GetEnv& env);
 
