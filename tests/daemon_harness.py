@@ -1,7 +1,8 @@
-"""What the daemon tests share: a token file, starting nereusd, stopping them all, and
-the job plans across three daemons of two devices each."""
+"""What the daemon tests share: a token file, starting nereusd, stopping them all, an HTTP
+GET (the metrics endpoints), and the job plans across three daemons of two devices each."""
 import os
 import signal
+import socket
 import subprocess
 
 # A job's plans across three daemons (GPUs 0-1 on node 0, 2-3 on node 1, 4-5 on node 2).
@@ -59,3 +60,14 @@ def stop_all(procs):
                 p.wait()
             except ProcessLookupError:
                 pass
+
+
+def http_get(addr, path):
+    """GET path from HOST:PORT over HTTP/1.0: the whole answer as text."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode()

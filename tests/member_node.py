@@ -13,11 +13,11 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_harness import http_get  # noqa: E402
 from shards import expected_bytes, model_shapes  # noqa: E402
 
 import nereus  # noqa: E402
@@ -77,12 +77,7 @@ for step in m.steps(timeout=120):
     out.flush()
     m.report(stage_seconds=seconds, response_len_mean=step.response_len, response_len_p95=1.5 * step.response_len)
 # The node's metrics, read while it still is a node: builds it took part in count as runs.
-host, port = m.metrics_listening.rsplit(":", 1)
-with socket.create_connection((host, int(port)), timeout=5) as c:
-    c.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-    text = b""
-    while chunk := c.recv(65536):
-        text += chunk
-runs = re.search(r'^nereus_transition_runs_total\{node="%s"\} (\d+)' % args.rank, text.decode(), re.M)
+text = http_get(m.metrics_listening, "/metrics")
+runs = re.search(r'^nereus_transition_runs_total\{node="%s"\} (\d+)' % args.rank, text, re.M)
 out.write(json.dumps({"ended": True, "runs": int(runs.group(1)) if runs else None}) + "\n")
 out.close()

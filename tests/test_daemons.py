@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import check, finish  # noqa: E402
 from shards import check_dump  # noqa: E402
-from daemon_harness import JOB_FROM, JOB_SPREAD, JOB_TO, token_file as make_token  # noqa: E402
+from daemon_harness import JOB_FROM, JOB_SPREAD, JOB_TO, http_get, token_file as make_token  # noqa: E402
 
 BIN = sys.argv[1]
 NEREUSD = os.path.join(BIN, "nereusd")
@@ -114,19 +114,6 @@ def devices_of(plan):
 
 def member(j, rank):
     return next((m for m in j.get("members", []) if m["rank"] == rank), {})
-
-
-def http_get(addr, path):
-    host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return data.decode()
 
 
 def check_metric_names(text):
