@@ -50,6 +50,7 @@
 #include "nereus/plan/reshard.hpp"
 #include "nereus/plan/transfer.hpp"
 #include "nereus/plan/transition_graph.hpp"
+#include "nereus/runtime/adopted_buffer.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/buffers.hpp"
 #include "nereus/runtime/executor.hpp"

@@ -5,7 +5,11 @@ checks the first elements of every shard against the fill recomputed independent
 (shards.py), reports per-stage seconds, and writes what it saw as one JSON line a step.
 
   member_node.py NEREUS COORDINATOR RANK NODES TOKEN OUT [--die-at-step K] [--report-stage NAME]
-      [--step-sleep S]
+      [--step-sleep S] [--adopt STAGE,... --adopt-plan PLAN_JSON]
+
+--adopt: the framework's own tensors back these model-stages' units on this node in the
+initial plan (nereus.Member(adopt=...)); it writes the fill into them itself, so the bytes
+the job moves and checks are the framework's.
 """
 import argparse
 import ctypes
@@ -18,9 +22,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon_harness import http_get  # noqa: E402
-from shards import expected_bytes, model_shapes  # noqa: E402
+from shards import expected_bytes, fill_box, model_shapes  # noqa: E402
 
 import nereus  # noqa: E402
+import torch  # noqa: E402
 
 ap = argparse.ArgumentParser()
 for a in ["nereus", "coordinator", "rank", "nodes", "token", "out"]:
@@ -28,11 +33,38 @@ for a in ["nereus", "coordinator", "rank", "nodes", "token", "out"]:
 ap.add_argument("--die-at-step", type=int, default=-1)
 ap.add_argument("--report-stage", default="")  # a bad report: a time for this name
 ap.add_argument("--step-sleep", type=float, default=0.0)  # each step takes at least this long
+ap.add_argument("--adopt", default="")
+ap.add_argument("--adopt-plan", default="")
 args = ap.parse_args()
 
 shapes = model_shapes(args.nereus, "tiny-llama")  # every role of ppo-tiny
+PER = 2  # devices per node
+
+
+def own_tensors(stages, plan):
+    """The framework's tensors for this node's shards of `stages` in `plan`, holding the fill
+    of sharding.md (computed here, independently), as adopt= entries."""
+    probe = nereus.Job("ppo-tiny", json.loads(plan), devices=PER * int(args.nodes), capacity="64MiB")
+    entries = []
+    for stage in stages:
+        for u in probe.units(stage):
+            for s in u.shards(None):
+                if s.device // PER != int(args.rank):
+                    continue
+                width = 4 if s.dtype == "f32" else 2
+                shape = shapes[s.tensor]
+                data = fill_box(s.tensor, s.slot, [list(r) for r in s.box], shape[1] if len(shape) > 1 else 1, width)
+                t = torch.empty_like(s.data)
+                t.view(-1).view(torch.uint8)[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                entries.append({"stage": stage, "replica": u.replica, "device": s.device, "buffer": s.tensor, "slot": s.slot,
+                                "tensor": t})
+    return entries
+
+
+adopt = own_tensors(args.adopt.split(","), args.adopt_plan) if args.adopt else []
+owned = {e["tensor"].data_ptr() for e in adopt}
 m = nereus.Member(coordinator=args.coordinator, rank=int(args.rank), nodes=int(args.nodes), token_file=args.token,
-                  devices=2, capacity="256MiB", metrics="127.0.0.1:0")
+                  devices=PER, capacity="256MiB", metrics="127.0.0.1:0", adopt=adopt)
 out = open(args.out, "w")
 out.write(json.dumps({"listening": m.listening, "metrics": m.metrics_listening}) + "\n")
 out.flush()
@@ -59,14 +91,15 @@ for step in m.steps(timeout=120):
     seconds = {}
     for u in step.units:
         t0 = time.perf_counter()
-        ok, checked, total = True, 0, 0.0
+        ok, checked, total, framework = True, 0, 0.0, 0
         for shard in u.shards(None):
             total += float(shard.data.float().sum())  # the stage's work: torch reads the unit's memory in place
             ok = ok and first_elements_match(shard)
             checked += 1
+            framework += shard.data_ptr in owned  # the framework's own tensor is the unit's memory
         seconds[u.model_stage] = max(seconds.get(u.model_stage, 0.0), time.perf_counter() - t0)
         seen["units"].append({"id": u.id, "model_stage": u.model_stage, "replica": u.replica, "devices": list(u.devices),
-                              "layout": u.layout, "shards": checked, "fill_ok": ok})
+                              "layout": u.layout, "shards": checked, "fill_ok": ok, "adopted": framework})
     if step.step == args.die_at_step:
         os.kill(os.getpid(), signal.SIGKILL)  # mid-step, before reporting
     time.sleep(args.step_sleep)

@@ -39,6 +39,22 @@ def expected_bytes(tensor, slot, box, cols, width):
     return bytes(out)
 
 
+def fill_box(tensor, slot, box, cols, width):
+    """expected_bytes() of a whole box at once (numpy's wrapping uint64 arithmetic): the
+    same splitmix64 of the same indices, for buffers of megabytes."""
+    import numpy as np
+    u = np.uint64
+    rows = np.arange(box[0][0], box[0][1], dtype=u)
+    cr = box[1] if len(box) > 1 else [0, 1]
+    z = u(fnv1a64(tensor + "/" + slot)) ^ (rows[:, None] * u(cols) + np.arange(cr[0], cr[1], dtype=u)[None, :]).reshape(-1)
+    with np.errstate(over="ignore"):
+        z = z + u(0x9e3779b97f4a7c15)
+        z = (z ^ (z >> u(30))) * u(0xbf58476d1ce4e5b9)
+        z = (z ^ (z >> u(27))) * u(0x94d049bb133111eb)
+        z = z ^ (z >> u(31))
+    return z.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :width].tobytes()
+
+
 def model_shapes(nereus, name):
     rc = subprocess.run([nereus, "model", "--model", name, "--tensors", "--json"], capture_output=True, text=True)
     return {t["name"]: t["shape"] for t in json.loads(rc.stdout)["tensors"]}

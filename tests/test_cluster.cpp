@@ -95,7 +95,7 @@ TEST_CASE("frames: the job messages survive a round trip") {
   const std::vector<Body> bodies = {
       JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2, -1, false, 4, 0.5, "load", true},
       JobOpen{"{}", 2, -1, 1, Bytes(128, 7), "250ms"},
-      UnitAlloc{unit, true},
+      UnitAlloc{unit, true, 3},
       UnitAllocated{9, {buf, buf}},
       UnitBuild{12, {SourceUnit{unit, 1, {buf}}}},
       UnitFree{9},
@@ -142,6 +142,17 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(o.nccl_id == Bytes(128, 7));
   CHECK(o.freeze_node == 1);
   CHECK(o.inject_at == "250ms");
+  CHECK(std::get<UnitAlloc>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[2]})).body).replica == 3);
+  CHECK(std::get<UnitAlloc>(decode_frame(encode_frame({kProtocolVersion, 1, 0, UnitAlloc{unit, false}})).body).replica == -1);
+  // A node's regions: a device's whole arena, and a framework buffer of its own (adopted).
+  using Blob = std::vector<std::byte>;
+  PeerInfo me{1, Blob(16, std::byte{2}), {{4, Blob(8, std::byte{1})}, {4, Blob(8, std::byte{3}), 0x7f00deadb000, 65536}}, {}};
+  const auto ready = std::get<Ready>(decode_frame(encode_frame({kProtocolVersion, 1, 0, Ready{me}})).body);
+  REQUIRE(ready.info.regions.size() == 2);
+  CHECK(ready.info.regions[0].size == 0);
+  CHECK(ready.info.regions[1].base == 0x7f00deadb000);
+  CHECK(ready.info.regions[1].size == 65536);
+  CHECK(ready.info.regions[1].key == Blob(8, std::byte{3}));
   const Body long_id = JobOpen{"{}", 2, -1, -1, Bytes(129, 1), ""};
   CHECK(has(error_of([&] { decode_frame(encode_frame({kProtocolVersion, 1, 0, long_id})); }), "NCCL unique id of 129 bytes"));
 }

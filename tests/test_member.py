@@ -126,8 +126,13 @@ try:
     member_errors()
 
     # 1. Two steps on JOB_FROM, then JOB_TO: the frameworks see the units a transition built.
+    # Node 1's framework backs its critic/train and reference/infer units of JOB_FROM with
+    # tensors of its own holding the fill it wrote itself: JOB_TO reads them across
+    # processes (critic/train onto devices 4-5, reference/infer onto 4:5), weight sync reads
+    # critic/train into node 0's critic/infer, and the job's check verifies what arrived.
     addr = coordinator("coordinator")
-    files = members(addr, "move")
+    adopted = ["critic/train", "reference/infer"]
+    files = members(addr, "move", {1: ["--adopt", ",".join(adopted), "--adopt-plan", json.dumps(JOB_FROM)]})
     check(wait_alive(addr, 3), "two framework processes joined as nodes 1 and 2")
     rc, rep, err = job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--steps", "2")
     check(rc == 0 and rep.get("verified") is True, f"the job over framework nodes ends verified (rc {rc}, {err.strip()[-300:]})")
@@ -166,6 +171,12 @@ try:
             have = {s: sorted((u["replica"], u["devices"]) for u in us) for s, us in units_by_stage(x).items()}
             check(have == {s: sorted(v) for s, v in want.items()},
                   f"node {r} step {x['step']}: it holds exactly the plan's units with a GPU on it")
+    first = [x for x in seen[1] if x.get("step") == 1]
+    own = {u["model_stage"]: (u["adopted"], u["shards"]) for x in first for u in x["units"] if u["model_stage"] in adopted}
+    check(sorted(own) == adopted and all(a == n > 0 for a, n in own.values()),
+          f"node 1's step 1: every shard of its adopted units is the framework's own tensor ({own})")
+    later = [u for x in seen[1] if x.get("step") == 2 for u in x["units"]]
+    check(later and not any(u["adopted"] for u in later), "after the transition its units live in the node's arenas")
     # The stage times reach the controller: the slowest node's per model-stage.
     fw = {}
     for r in (1, 2):
@@ -202,6 +213,15 @@ try:
     rc, rep, err = job(addr, "--steps", "2")
     text = rep.get("error", "") + err
     check(rc == 1 and "node 1 reported a time for 'actor/dance'" in text, f"a bad report is named ({text.strip()[-300:]})")
+
+    # 3b. Framework memory for a plan the job does not load (node 2 adopts JOB_TO's
+    # reference/infer on devices 4-5; JOB_FROM has it on device 2): named at the first step.
+    files = members(addr, "unadopted", {2: ["--adopt", "reference/infer", "--adopt-plan", json.dumps(JOB_TO)]})
+    check(wait_alive(addr, 3), "the frameworks joined for the unmatched adoption")
+    rc, rep, err = job(addr, "--plan", json.dumps(JOB_FROM), "--steps", "1")
+    text = rep.get("error", "") + err
+    check(rc == 1 and "node 2: adopt: the initial plan has no buffer" in text and "of 'reference/infer'" in text,
+          f"framework memory no loaded unit takes is named (rc {rc}, {text.strip()[-300:]}, {str(rep)[-300:]})")
 
     # 4. A framework killed mid-step: the job goes on with the survivors' intact units; the
     # framework restarted rejoins at a later step and the job moves onto it again.

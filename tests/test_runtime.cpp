@@ -302,6 +302,48 @@ TEST_CASE("ucx: an arena the transport allocates is mapped for gets, and its byt
   ucx.deregister_memory(rd);
 }
 
+
+TEST_CASE("ucx: memory registered on its own is reached through its own key, beside the device's") {
+  asio::io_context io;
+  UcxTransport ucx(io);
+  const std::size_t n = 1 << 20;
+  auto src = make_device({MemoryKind::host, 0, n, &ucx});
+  auto dst = make_device({MemoryKind::host, 1, n});
+  DeviceBuffer in_arena = src->allocate(64 << 10, "arena source");
+  std::vector<std::byte> framework(96 << 10);  // a framework's buffer of device 0, outside its arena
+  DeviceBuffer to = dst->allocate(160 << 10, "target");
+  for (std::size_t i = 0; i < in_arena.size(); ++i) in_arena.data()[i] = static_cast<std::byte>(i * 5 + 1);
+  for (std::size_t i = 0; i < framework.size(); ++i) framework[i] = static_cast<std::byte>(i * 3 + 2);
+  const Registration whole = ucx.register_memory({src->arena(), src->capacity(), 0, MemoryKind::host});
+  const Registration own = ucx.register_memory({framework.data(), framework.size(), 0, MemoryKind::host});
+  const Registration rd = ucx.register_memory({dst->arena(), dst->capacity(), 1, MemoryKind::host});
+  REQUIRE(ucx.connect(0, ucx.address()).is_ok());
+  const auto fw = reinterpret_cast<std::uint64_t>(framework.data());
+  DescriptorList get;
+  get.op = Op::get;
+  get.peer = 0;
+  get.local_device = 1;
+  get.remote_device = 0;
+  auto post = [&] { return testing::run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await ucx.post(get); }()); };
+  // Only the framework buffer's key so far: an address outside it is named, not read.
+  REQUIRE(ucx.add_remote_region(0, 0, own.remote_key, fw, framework.size()).is_ok());
+  get.segments = {{reinterpret_cast<std::uint64_t>(in_arena.data()), reinterpret_cast<std::uint64_t>(to.data()), 4096, 1, 0, 0}};
+  const Status outside = post();
+  CHECK(has(outside.message(), "no region of device 0 of peer 0 holds address"));
+  // With the device's key too, one list reads from both: each segment takes its own key.
+  REQUIRE(ucx.add_remote_region(0, 0, whole.remote_key).is_ok());
+  const auto at = reinterpret_cast<std::uint64_t>(to.data());
+  get.segments = {{reinterpret_cast<std::uint64_t>(in_arena.data()), at, in_arena.size(), 1, 0, 0},
+                  {fw, at + in_arena.size(), framework.size(), 1, 0, 0}};
+  CHECK(post().is_ok());
+  CHECK(std::memcmp(to.data(), in_arena.data(), in_arena.size()) == 0);
+  CHECK(std::memcmp(to.data() + in_arena.size(), framework.data(), framework.size()) == 0);
+  testing::run_on(io, [&]() -> asio::awaitable<int> {
+    co_await ucx.shutdown();
+    co_return 0;
+  }());
+  for (const Registration* r : {&whole, &own, &rd}) ucx.deregister_memory(*r);
+}
 TEST_CASE("cuda transport, without a GPU: refuses host memory at bind and at post, with one clear error") {
   if (!cuda_built()) return;  // nothing to check: make_cuda_transport() throws, as the absent backend should
   const auto plan = plan_reshard(coll("tp=2,pp=1,dp=1"), coll("tp=1,pp=1,dp=2,devices=2:3"));

@@ -129,6 +129,8 @@ struct UnitDesc {
 struct UnitAlloc {
   unit @0 :UnitDesc;
   fill @1 :Bool;              # write the verification fill (the job's first units)
+  replica @2 :Int32 = -1;     # the job loads it: its index among the model-stage's units,
+                              # which a framework's adopted memory names; -1: a graph builds it
 }
 
 struct UnitAllocated {
@@ -175,6 +177,8 @@ struct Prepare {
 struct Region {
   device @0 :UInt32;
   key @1 :Data;
+  base @2 :UInt64;            # size 0: the device's whole region; else [base, base + size),
+  size @3 :UInt64;            # memory registered on its own (a framework's adopted buffer)
 }
 
 struct SourceBuffer {

@@ -222,7 +222,7 @@ struct Daemon::State {
   // or the coordinator driving this node's part of a transition or of a job.
   asio::awaitable<void> client_session(Channel& ch) {
     NodeTransition part(io, o.launch.node_rank, o.device_capacity, metrics);
-    NodeJob job(io, o.launch.node_rank, devices, metrics, o.step_host.get());
+    NodeJob job(io, o.launch.node_rank, devices, metrics, o.step_host.get(), o.adopt);
     bool in_exchange = false;
     std::exception_ptr ended;
     try {

@@ -275,8 +275,8 @@ std::uint32_t JobDriver::add_unit(std::size_t stage, const Emu& emu) {
   return id;
 }
 
-asio::awaitable<void> JobDriver::allocate(std::uint32_t id, bool fill) {
-  const Body alloc = UnitAlloc{describe(id), fill};
+asio::awaitable<void> JobDriver::allocate(std::uint32_t id, bool fill, int replica) {
+  const Body alloc = UnitAlloc{describe(id), fill, replica};
   const std::vector<Envelope> got = co_await each(nodes_of(units_.at(id).emu), alloc, "unit-alloc");
   for (const Envelope& e : got)
     for (const PeerInfo::Buffer& b : std::get<UnitAllocated>(e.body).buffers) units_.at(id).buffers.push_back(b);
@@ -345,12 +345,13 @@ asio::awaitable<void> JobDriver::load(const GlobalPlan& plan, const Pool& pool) 
   const std::vector<Collection> cs = plan_collections(job_, pool.to_devices(plan));
   current_.assign(cs.size(), {});
   for (std::size_t i = 0; i < cs.size(); ++i)
-    for (const Emu& e : cs[i].units) {
+    for (std::size_t r = 0; r < cs[i].units.size(); ++r) {
+      const Emu& e = cs[i].units[r];
       const std::uint32_t id = add_unit(i, e);
       current_[i].push_back(id);
       if (!intact(id)) continue;  // a GPU on a lost node: drop_lost_units() drops it
       try {
-        co_await allocate(id, true);
+        co_await allocate(id, true, static_cast<int>(r));
       } catch (const std::exception&) {
         if (intact(id)) throw;  // else one of its nodes was lost meanwhile: dropped the same way
       }

@@ -73,8 +73,9 @@ class JobDriver {
 
   /// Records a new unit of `stage` (`emu` in global device ids); returns its id.
   std::uint32_t add_unit(std::size_t stage, const Emu& emu);
-  /// Allocates a recorded unit on the nodes that hold its GPUs.
-  asio::awaitable<void> allocate(std::uint32_t id, bool fill);
+  /// Allocates a recorded unit on the nodes that hold its GPUs; `replica` >= 0 when the job
+  /// loads it (a framework's node may back it with its own memory).
+  asio::awaitable<void> allocate(std::uint32_t id, bool fill, int replica = -1);
   /// Fills unit `id` from the source groups (one per model-stage read); returns each of its
   /// nodes' report once that node's bytes have landed.
   asio::awaitable<std::vector<RunDone>> build(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups);

@@ -21,6 +21,7 @@ namespace w = wire;
 constexpr std::size_t kMaxNonce = 64;
 constexpr std::size_t kMaxText = 4096;
 constexpr std::size_t kMaxDevices = 4096;
+constexpr std::size_t kMaxRegions = 1 << 20;   // devices and adopted buffers of one process
 constexpr std::size_t kMaxMembers = 16384;
 constexpr std::size_t kMaxBlob = 1 << 20;      // UCX addresses and remote keys
 constexpr std::size_t kMaxReport = 16 << 20;   // a transition's JSON report
@@ -124,8 +125,9 @@ PeerInfo peer_of(w::PeerInfo::Reader p) {
   out.address = blob_of(p.getAddress(), "UCX address");
   // Each get of a list counts against the traversal limit: get it once.
   const auto regions = p.getRegions();
-  check_size(regions, kMaxDevices, "regions");
-  for (auto r : regions) out.regions.push_back({static_cast<DeviceId>(r.getDevice()), blob_of(r.getKey(), "remote key")});
+  check_size(regions, kMaxRegions, "regions");
+  for (auto r : regions)
+    out.regions.push_back({static_cast<DeviceId>(r.getDevice()), blob_of(r.getKey(), "remote key"), r.getBase(), r.getSize()});
   out.buffers = buffers_of(p.getBuffers());
   return out;
 }
@@ -137,6 +139,8 @@ void put_peer(w::PeerInfo::Builder o, const PeerInfo& p) {
   for (unsigned i = 0; i < p.regions.size(); ++i) {
     regions[i].setDevice(static_cast<std::uint32_t>(p.regions[i].device));
     regions[i].setKey(data_of(p.regions[i].key));
+    regions[i].setBase(p.regions[i].base);
+    regions[i].setSize(p.regions[i].size);
   }
   put_buffers(o.initBuffers(static_cast<unsigned>(p.buffers.size())), p.buffers);
 }
@@ -287,7 +291,7 @@ Body body_of(w::Envelope::Body::Reader e) {
     }
     case w::Envelope::Body::UNIT_ALLOC: {
       auto a = e.getUnitAlloc();
-      return UnitAlloc{unit_of(a.getUnit()), a.getFill()};
+      return UnitAlloc{unit_of(a.getUnit()), a.getFill(), a.getReplica()};
     }
     case w::Envelope::Body::UNIT_ALLOCATED: {
       auto a = e.getUnitAllocated();
@@ -476,6 +480,7 @@ Bytes encode_frame(const Envelope& e) {
                    auto o = body.initUnitAlloc();
                    put_unit(o.initUnit(), a.unit);
                    o.setFill(a.fill);
+                   o.setReplica(a.replica);
                  },
                  [&](const UnitAllocated& a) {
                    auto o = body.initUnitAllocated();

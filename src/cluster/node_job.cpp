@@ -9,6 +9,7 @@
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
 #include "nereus/core/global_plan.hpp"
+#include "nereus/core/packing.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/unit_store.hpp"
@@ -25,7 +26,7 @@ namespace {
 struct LocalUnit {
   Collection one;  ///< the unit alone, as a collection of one
   std::vector<BufferSpec> buffers;
-  std::vector<DeviceBuffer> memory;
+  std::vector<DeviceBuffer> memory;  ///< in the arenas, or borrowed: the framework's adopted memory
   int readers = 0;  ///< builds on this node reading it
   bool building = false;
 };
@@ -51,6 +52,8 @@ struct NodeJob::State {
   std::vector<std::unique_ptr<Device>>& devices;
   Metrics& metrics;
   StepHost* host;  // the framework running this node's steps; null: steps are answered at once
+  std::span<const AdoptedBuffer> adopt;  // the framework's memory for the units the job loads here
+  std::vector<char> adopted;             // per adopt entry: a loaded unit took it
   std::shared_ptr<const JobSpec> job;
   int per = 1;
   int kill_node = -1, freeze_node = -1;
@@ -68,8 +71,9 @@ struct NodeJob::State {
   int stepping = 0;                     // steps handed to the framework and not answered
   detail::Offload offload;
 
-  State(asio::io_context& i, int r, std::vector<std::unique_ptr<Device>>& d, Metrics& m, StepHost* h)
-      : io(i), rank(r), devices(d), metrics(m), host(h) {}
+  State(asio::io_context& i, int r, std::vector<std::unique_ptr<Device>>& d, Metrics& m, StepHost* h,
+        std::span<const AdoptedBuffer> a)
+      : io(i), rank(r), devices(d), metrics(m), host(h), adopt(a) {}
 
   std::string me() const { return "node " + std::to_string(rank); }
 
@@ -111,7 +115,30 @@ struct NodeJob::State {
       regs.push_back(ucx->register_memory({dev->arena(), dev->capacity(), dev->id(), MemoryKind::host}));
       info.regions.push_back({dev->id(), regs.back().remote_key});
     }
+    // The framework's buffers, each a region of its own: peers' gets and puts on them use
+    // its key (the arenas' keys do not cover them).
+    adopted.assign(adopt.size(), 0);
+    for (const AdoptedBuffer& a : adopt) {
+      const Device* dev = device(a.device);
+      if (!dev) throw Error(me() + ": adopt: device " + std::to_string(a.device) + " is not one of its devices");
+      if (dev->kind() != MemoryKind::host)
+        throw Error(me() + ": adopt: device " + std::to_string(a.device) + " is not host memory (adopted buffers are)");
+      bool known = false;
+      for (const ModelStage& st : model_stages(*job)) known = known || st.name() == a.model_stage;
+      if (!known) throw Error(me() + ": adopt: '" + a.model_stage + "' is not a model-stage of the job");
+      regs.push_back(ucx->register_memory({a.data, a.bytes, a.device, MemoryKind::host}));
+      info.regions.push_back({a.device, regs.back().remote_key, reinterpret_cast<std::uint64_t>(a.data), a.bytes});
+    }
     return info;
+  }
+
+  /// At the job's first step, which follows its load: an adopt entry no loaded unit took
+  /// is named (the framework's view of the initial plan and the job's differ). A node that
+  /// joins later takes no part in the load; graphs build its units in the arenas.
+  void check_adoption(std::int64_t step) const {
+    if (step != 1) return;
+    for (std::size_t k = 0; k < adopt.size(); ++k)
+      if (!adopted[k]) throw Error(me() + ": " + unmatched_adoption(adopt[k]));
   }
 
   /// Connects to every peer it can. A peer that died since it opened the job (its shared
@@ -145,8 +172,9 @@ struct NodeJob::State {
     });
   }
 
-  /// Allocates this node's buffers of a unit in the daemon's arenas.
-  LocalUnit& allocate(const UnitDesc& u) {
+  /// Allocates this node's buffers of a unit in the daemon's arenas, or borrows the
+  /// framework's memory for those it adopted (a unit the job loads as replica `replica`).
+  LocalUnit& allocate(const UnitDesc& u, int replica) {
     if (fault.at == FaultMoment::At::load) strike_after(0);
     if (units.contains(u.id)) throw Error(me() + " already holds unit " + std::to_string(u.id));
     LocalUnit unit{collection_of(u), {}, {}, 0, false};
@@ -158,7 +186,14 @@ struct NodeJob::State {
     for (const BufferSpec& b : unit.buffers) {
       Device* dev = device(b.key.device);
       if (!dev) throw Error("device " + std::to_string(b.key.device) + " is not one of " + me() + "'s devices");
-      unit.memory.push_back(dev->allocate(b.bytes(), u.model_stage + " unit " + std::to_string(u.id)));
+      const int k = replica < 0 ? -1
+                                : adopted_for(adopt, u.model_stage, replica, b, buffer_name(*unit.one.model, b.key.buffer, b.packing));
+      if (k >= 0) {
+        adopted[static_cast<std::size_t>(k)] = 1;
+        unit.memory.push_back(DeviceBuffer::borrow(adopt[static_cast<std::size_t>(k)].data, adopt[static_cast<std::size_t>(k)].bytes));
+      } else {
+        unit.memory.push_back(dev->allocate(b.bytes(), u.model_stage + " unit " + std::to_string(u.id)));
+      }
     }
     return units.emplace(u.id, std::move(unit)).first->second;
   }
@@ -251,6 +286,7 @@ struct NodeJob::State {
   /// framework's report is the reply. No graph runs while a step does: the coordinator
   /// sends the next build only after every node answered.
   void step(const StepRun& r, std::uint64_t request) {
+    check_adoption(r.step);
     NodeStep ns{r.step, r.response_len, job, {}, {}};
     for (const StepRun::Unit& u : r.units) {
       ++ns.replicas[u.model_stage];
@@ -315,8 +351,8 @@ struct NodeJob::State {
 };
 
 NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics,
-                 StepHost* host)
-    : s_(std::make_unique<State>(io, node_rank, devices, metrics, host)) {}
+                 StepHost* host, std::span<const AdoptedBuffer> adopt)
+    : s_(std::make_unique<State>(io, node_rank, devices, metrics, host, adopt)) {}
 
 NodeJob::~NodeJob() {
   if (s_->builds.pending() > 0) {
@@ -345,11 +381,12 @@ asio::awaitable<NodePart::Answer> NodeJob::answer(Channel& ch, const Envelope& m
       s.connect(*p);
       reply = Connected{};
     } else if (auto* a = std::get_if<UnitAlloc>(&m.body)) {
-      LocalUnit& u = s.allocate(a->unit);
+      LocalUnit& u = s.allocate(a->unit, a->replica);
       if (a->fill) {
         LocalUnit* unit = &u;
-        auto fill = [unit] {
-          for (std::size_t b = 0; b < unit->buffers.size(); ++b) fill_buffer(*unit->one.model, unit->buffers[b], unit->memory[b].data());
+        auto fill = [unit] {  // never over the framework's memory: its bytes are the unit's
+          for (std::size_t b = 0; b < unit->buffers.size(); ++b)
+            if (!unit->memory[b].borrowed()) fill_buffer(*unit->one.model, unit->buffers[b], unit->memory[b].data());
           return 0;
         };
         co_await s.offload(fill);  // gigabytes: off the event loop
@@ -395,7 +432,7 @@ asio::awaitable<void> NodeJob::close() {
     // buffers and UCX included, allocated for good rather than free memory under it.
     State* stuck = s_.release();
     ++stuck->metrics.stuck_parts;
-    s_ = std::make_unique<State>(stuck->io, stuck->rank, stuck->devices, stuck->metrics, stuck->host);
+    s_ = std::make_unique<State>(stuck->io, stuck->rank, stuck->devices, stuck->metrics, stuck->host, stuck->adopt);
     co_return;
   }
   s.units.clear();

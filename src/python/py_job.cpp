@@ -55,6 +55,8 @@ ClusterSpec cluster_of(py::handle c, int devices, std::size_t capacity) {
   return s;
 }
 
+}  // namespace
+
 AdoptedBuffer adopted_of(py::handle entry, std::vector<py::object>& keep) {
   if (!py::isinstance<py::dict>(entry)) throw Error("adopt: each entry is a dict {stage, replica, device, buffer, slot, tensor}");
   const py::dict d = py::reinterpret_borrow<py::dict>(entry);
@@ -83,8 +85,6 @@ AdoptedBuffer adopted_of(py::handle entry, std::vector<py::object>& keep) {
   keep.push_back(std::move(t));
   return a;
 }
-
-}  // namespace
 
 GlobalPlan PyJob::parse_plan(py::handle plan) const {
   if (py::isinstance<py::dict>(plan)) {

@@ -19,6 +19,10 @@ namespace nereus::python {
 
 namespace py = pybind11;
 
+/// One entry of `adopt=` (a dict {stage, replica, device, buffer, slot, tensor}) as the
+/// framework memory it names; the tensor goes to `keep`, which must outlive its use.
+AdoptedBuffer adopted_of(py::handle entry, std::vector<py::object>& keep);
+
 /// The job's event loop: one thread running an io_context until closed.
 class Loop {
  public:

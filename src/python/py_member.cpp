@@ -24,6 +24,7 @@ using cluster::NodeUnit;
 
 struct PyMember {
   std::unique_ptr<Member> member;
+  std::vector<py::object> adopted;  ///< the framework's tensors backing units: outlive the member
   ~PyMember() {
     py::gil_scoped_release unlocked;  // joining the node's thread
     member.reset();
@@ -105,10 +106,12 @@ void bind_member(py::module_& m) {
       .def(py::init([](const std::string& coordinator, std::optional<int> rank, std::optional<int> nodes,
                        std::optional<std::string> token_file, int devices, py::object capacity, const std::string& listen,
                        std::optional<std::string> advertise, std::optional<std::string> metrics, int heartbeat_ms,
-                       int dead_after_ms, int join_timeout_ms) {
+                       int dead_after_ms, int join_timeout_ms, py::object adopt) {
              auto o = options_of(coordinator, rank, nodes, token_file, devices, capacity, listen, advertise, metrics, heartbeat_ms,
                                  dead_after_ms, join_timeout_ms);
              auto p = std::make_shared<PyMember>();
+             if (!adopt.is_none())
+               for (py::handle e : adopt) o.adopt.push_back(adopted_of(e, p->adopted));
              py::gil_scoped_release unlocked;
              p->member = std::make_unique<Member>(std::move(o));
              return p;
@@ -117,7 +120,7 @@ void bind_member(py::module_& m) {
            py::arg("token_file") = py::none(), py::arg("devices") = 1, py::arg("capacity") = "1GiB",
            py::arg("listen") = "127.0.0.1:0", py::arg("advertise") = py::none(), py::arg("metrics") = py::none(),
            py::arg("heartbeat_ms") = 250,
-           py::arg("dead_after_ms") = 1500, py::arg("join_timeout_ms") = 60000)
+           py::arg("dead_after_ms") = 1500, py::arg("join_timeout_ms") = 60000, py::arg("adopt") = py::none())
       .def_property_readonly("listening", [](const PyMember& p) { return p.member->listening().str(); })
       .def_property_readonly("running", [](const PyMember& p) { return p.member->running(); })
       .def_property_readonly(

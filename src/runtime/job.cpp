@@ -47,26 +47,13 @@ UnitPtr JobState::allocate_unit(std::size_t stage, const Emu& e, int adopt_as) {
   for (const BufferSpec& b : u->buffers) {
     const std::string name = buffer_name(*st.model, b.key.buffer, b.packing);
     const std::string what = st.name() + " " + name + "@" + std::string(to_string(b.key.slot));
-    const AdoptedBuffer* framework = nullptr;
-    for (std::size_t k = 0; adopt_as >= 0 && k < options.adopt.size(); ++k) {
-      const AdoptedBuffer& a = options.adopt[k];
-      if (a.model_stage == st.name() && a.replica == adopt_as && a.device == b.key.device && a.buffer == name &&
-          a.slot == b.key.slot) {
-        framework = &a;
-        adoption_used[k] = 1;
-        break;
-      }
-    }
-    if (!framework) {
+    const int k = adopt_as >= 0 ? adopted_for(options.adopt, st.name(), adopt_as, b, name) : -1;
+    if (k < 0) {
       u->memory.push_back(allocate(b.key.device, b.bytes(), what));
       continue;
     }
-    if (framework->data == nullptr || framework->bytes < b.bytes())
-      throw Error("adopted memory for replica " + std::to_string(adopt_as) + " " + what + " on device " +
-                  std::to_string(b.key.device) + " holds " + human_bytes(framework->bytes) + " but the buffer needs " +
-                  human_bytes(b.bytes()));
-    if (reinterpret_cast<std::uintptr_t>(framework->data) % width(b.dtype) != 0)
-      throw Error("adopted memory for " + what + " is not aligned to its " + std::to_string(width(b.dtype)) + "-byte elements");
+    adoption_used[static_cast<std::size_t>(k)] = 1;
+    const AdoptedBuffer* framework = &options.adopt[static_cast<std::size_t>(k)];
     const auto d = static_cast<std::size_t>(b.key.device);
     if (used(b.key.device) + framework->bytes > budget) {
       ++cap_violations;
@@ -178,12 +165,7 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
     }
   }
   for (std::size_t k = 0; k < s.options.adopt.size(); ++k)
-    if (!s.adoption_used[k]) {
-      const AdoptedBuffer& a = s.options.adopt[k];
-      throw Error("adopt: the initial plan has no buffer '" + a.buffer + "@" + std::string(to_string(a.slot)) +
-                  "' on device " + std::to_string(a.device) + " in replica " + std::to_string(a.replica) + " of '" +
-                  a.model_stage + "'");
-    }
+    if (!s.adoption_used[k]) throw Error(unmatched_adoption(s.options.adopt[k]));
 }
 
 Job::~Job() {

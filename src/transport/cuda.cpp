@@ -133,7 +133,11 @@ class CudaTransport final : public Transport {
     return Status::ok();
   }
 
-  Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key) override {
+  Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key, std::uint64_t base = 0,
+                           std::uint64_t size = 0) override {
+    if (size != 0 || base != 0)
+      return {StatusCode::not_supported, "cuda transport: device " + std::to_string(remote_device) + " of peer " +
+                                              std::to_string(peer) + ": regions other than a whole device are not supported"};
     if (!connected_.contains(peer))
       return {StatusCode::invalid, "cuda transport: peer " + std::to_string(peer) + " is not connected"};
     const std::optional<IpcKey> k = IpcKey::decode(key);

@@ -46,7 +46,25 @@ struct UcxTransport::Impl {
   asio::steady_timer tick;
   std::map<PeerId, ucp_ep_h> eps;
   std::map<PeerId, std::string> failed;  // peer → why
-  std::map<std::pair<PeerId, DeviceId>, ucp_rkey_h> rkeys;
+  /// A peer's registered memory on one device: its whole region (hi == 0) or one range.
+  struct RemoteKey {
+    std::uint64_t lo = 0, hi = 0;
+    ucp_rkey_h rkey = nullptr;
+  };
+  std::map<std::pair<PeerId, DeviceId>, std::vector<RemoteKey>> rkeys;
+
+  /// The key for [address, address + bytes) of a peer's device: a range holding it, else
+  /// the device's whole region; null when neither.
+  ucp_rkey_h rkey_for(PeerId peer, DeviceId device, std::uint64_t address, std::uint64_t bytes) const {
+    const auto it = rkeys.find({peer, device});
+    if (it == rkeys.end()) return nullptr;
+    ucp_rkey_h whole = nullptr;
+    for (const RemoteKey& k : it->second) {
+      if (k.hi == 0) whole = k.rkey;
+      else if (address >= k.lo && address + bytes <= k.hi) return k.rkey;
+    }
+    return whole;
+  }
   std::map<UcxBatch*, std::shared_ptr<UcxBatch>> batches;  // in flight
   /// Registered memory, for the memh our requests pass (UCX then registers nothing per
   /// request, and has nothing of its own to deregister when it purges one).
@@ -227,7 +245,8 @@ UcxTransport::~UcxTransport() {
   x.efd.close();
   x.tick.cancel();
   if (!x.quarantined) {
-    for (auto& [key, rk] : x.rkeys) ucp_rkey_destroy(rk);
+    for (auto& [key, list] : x.rkeys)
+      for (const Impl::RemoteKey& k : list) ucp_rkey_destroy(k.rkey);
     x.rkeys.clear();
     close_endpoints(std::chrono::milliseconds(500));
   }
@@ -393,23 +412,30 @@ Status UcxTransport::connect(PeerId peer, std::span<const std::byte> address) {
   return Status::ok();
 }
 
-Status UcxTransport::add_remote_region(PeerId peer, DeviceId device, std::span<const std::byte> key) {
+Status UcxTransport::add_remote_region(PeerId peer, DeviceId device, std::span<const std::byte> key, std::uint64_t base,
+                                      std::uint64_t size) {
   auto ep = impl_->eps.find(peer);
   if (ep == impl_->eps.end()) return {StatusCode::invalid, "ucx: peer " + std::to_string(peer) + " is not connected"};
   ucp_rkey_h rk = nullptr;
   if (ucs_status_t s = ucp_ep_rkey_unpack(ep->second, key.data(), &rk); s != UCS_OK)
     return {StatusCode::invalid, "ucx: bad rkey for device " + std::to_string(device) + ": " + ucs(s)};
-  auto& slot = impl_->rkeys[{peer, device}];
-  if (slot) ucp_rkey_destroy(slot);
-  slot = rk;
+  const std::uint64_t hi = size == 0 ? 0 : base + size;
+  auto& list = impl_->rkeys[{peer, device}];
+  for (Impl::RemoteKey& k : list)
+    if (k.lo == (size == 0 ? 0 : base) && k.hi == hi) {  // the same region again (a peer that came back)
+      ucp_rkey_destroy(k.rkey);
+      k.rkey = rk;
+      return Status::ok();
+    }
+  list.push_back({size == 0 ? 0 : base, hi, rk});
   return Status::ok();
 }
 
 const std::byte* UcxTransport::mapped(PeerId peer, DeviceId device, std::uint64_t address) const {
-  auto rk = impl_->rkeys.find({peer, device});
-  if (rk == impl_->rkeys.end()) return nullptr;
+  ucp_rkey_h rk = impl_->rkey_for(peer, device, address, 1);
+  if (!rk) return nullptr;
   void* local = nullptr;
-  if (ucp_rkey_ptr(rk->second, address, &local) != UCS_OK) return nullptr;
+  if (ucp_rkey_ptr(rk, address, &local) != UCS_OK) return nullptr;
   return static_cast<const std::byte*>(local);
 }
 
@@ -449,8 +475,7 @@ struct Initiate {
     const bool tagged = list.op == Op::send || list.op == Op::recv;
     if (tagged && (list.segments.size() != 1 || list.segments[0].count != 1))
       return fail({StatusCode::invalid, "ucx: a tagged message is one contiguous segment (the executor stages others)"});
-    auto rk = x.rkeys.find({list.peer, list.remote_device});
-    if (!tagged && rk == x.rkeys.end())
+    if (!tagged && !x.rkeys.contains({list.peer, list.remote_device}))
       return fail({StatusCode::invalid, "ucx: no rkey for device " + std::to_string(list.remote_device) + " of peer " +
                                             std::to_string(list.peer)});
     x.batches.emplace(batch.get(), batch);
@@ -516,15 +541,22 @@ struct Initiate {
       for (std::uint64_t i = 0; i < s.count && batch->status.is_ok(); ++i) {
         const std::uint64_t src = s.src + i * s.src_stride, dst = s.dst + i * s.dst_stride;
         void* local = reinterpret_cast<void*>(list.op == Op::get ? dst : src);
+        const std::uint64_t remote = list.op == Op::get ? src : dst;
+        ucp_rkey_h rk = x.rkey_for(list.peer, list.remote_device, remote, s.bytes);
+        if (!rk) {
+          batch->status = {StatusCode::invalid, "ucx: no region of device " + std::to_string(list.remote_device) + " of peer " +
+                                                    std::to_string(list.peer) + " holds address " + std::to_string(remote)};
+          break;
+        }
         ucp_request_param_t q = p;
         if (ucp_mem_h m = x.memh_for(local, s.bytes)) {
           q.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
           q.memh = m;
         }
         if (list.op == Op::get)
-          track(ucp_get_nbx(ep->second, local, s.bytes, src, rk->second, &q), "get");
+          track(ucp_get_nbx(ep->second, local, s.bytes, src, rk, &q), "get");
         else
-          track(ucp_put_nbx(ep->second, local, s.bytes, dst, rk->second, &q), "put");
+          track(ucp_put_nbx(ep->second, local, s.bytes, dst, rk, &q), "put");
       }
     // A put completes locally; flush so its bytes are visible at the peer.
     if (list.op == Op::put && batch->status.is_ok()) track(ucp_ep_flush_nbx(ep->second, &p), "flush");

@@ -15,7 +15,7 @@ Registration UcxTransport::register_memory(const MemoryRegion& r) { return {r, {
 void UcxTransport::deregister_memory(const Registration&) {}
 std::vector<std::byte> UcxTransport::address() const { return {}; }
 Status UcxTransport::connect(PeerId, std::span<const std::byte>) { return {StatusCode::not_supported, "no UCX"}; }
-Status UcxTransport::add_remote_region(PeerId, DeviceId, std::span<const std::byte>) {
+Status UcxTransport::add_remote_region(PeerId, DeviceId, std::span<const std::byte>, std::uint64_t, std::uint64_t) {
   return {StatusCode::not_supported, "no UCX"};
 }
 asio::awaitable<Status> UcxTransport::post(DescriptorList) { co_return Status{StatusCode::not_supported, "no UCX"}; }

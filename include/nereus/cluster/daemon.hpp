@@ -12,6 +12,7 @@
 #include "nereus/cluster/launch.hpp"
 #include "nereus/cluster/membership.hpp"
 #include "nereus/cluster/metrics.hpp"
+#include "nereus/runtime/adopted_buffer.hpp"
 
 namespace nereus::cluster {
 
@@ -34,6 +35,10 @@ struct DaemonOptions {
   /// The framework running this node's steps of a job (cluster/member.hpp); null: a daemon
   /// answers each step at once.
   std::shared_ptr<StepHost> step_host;
+  /// The framework's memory backing buffers of the units a job loads on this node, instead
+  /// of the arenas (docs/cluster.md, "The framework's own memory"): each job this node
+  /// takes part in from its load adopts them again. The memory must outlive the daemon.
+  std::vector<AdoptedBuffer> adopt;
 };
 
 class Daemon {

@@ -11,6 +11,7 @@
 // units on its devices, in the daemon's own device arenas.
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "nereus/cluster/node_part.hpp"
 #include "nereus/cluster/transition_service.hpp"
 #include "nereus/base/device.hpp"
+#include "nereus/runtime/adopted_buffer.hpp"
 
 namespace nereus::cluster {
 
@@ -51,10 +53,11 @@ asio::awaitable<TransitionOutcome> drive_job(const JobRequest& request, const st
 /// One node's part of a job, answering the coordinator on one channel.
 class NodeJob final : public NodePart {
  public:
-  /// Units live in `devices` (the daemon's arenas); builds are counted in `metrics`. Steps
-  /// go to `host` (the framework in this process), or are answered at once without one.
+  /// Units live in `devices` (the daemon's arenas) or, for the units a job loads, in the
+  /// framework's memory `adopt` names; builds are counted in `metrics`. Steps go to `host`
+  /// (the framework in this process), or are answered at once without one.
   NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics,
-          StepHost* host = nullptr);
+          StepHost* host = nullptr, std::span<const AdoptedBuffer> adopt = {});
   ~NodeJob();
   /// Whether a job is open on this channel (its messages go here).
   bool open() const;

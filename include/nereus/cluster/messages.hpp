@@ -176,6 +176,7 @@ struct UnitDesc {
 struct UnitAlloc {
   UnitDesc unit;
   bool fill = false;
+  std::int32_t replica = -1;  ///< the job loads it as this replica (adoption); -1: a graph builds it
 };
 struct UnitAllocated {
   std::uint32_t id = 0;

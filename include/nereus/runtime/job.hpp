@@ -29,24 +29,12 @@
 #include "nereus/core/stage_state.hpp"
 #include "nereus/plan/transition_graph.hpp"
 #include "nereus/base/asio.hpp"
+#include "nereus/runtime/adopted_buffer.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/graph_run.hpp"
 #include "nereus/runtime/unit_store.hpp"
 
 namespace nereus {
-
-/// Memory the framework owns that backs one buffer of one initial unit, instead of the
-/// device arena: Nereus reads and writes it in place and never frees it; it counts
-/// against the device's budget while the unit exists.
-struct AdoptedBuffer {
-  std::string model_stage;
-  int replica = 0;
-  DeviceId device = 0;
-  std::string buffer;  ///< buffer name (packing.hpp): the tensor's own name under hf packing
-  Slot slot = Slot::param;
-  std::byte* data = nullptr;
-  std::size_t bytes = 0;  ///< at least the buffer's size
-};
 
 struct JobOptions {
   int devices = 8;                 ///< host devices 0 .. devices−1 (the GPU pool)

@@ -19,6 +19,7 @@ struct PeerInfo {
   struct Region {
     DeviceId device;
     std::vector<std::byte> key;
+    std::uint64_t base = 0, size = 0;  ///< size 0: the device's whole region, else this range of it
   };
   std::vector<Region> regions;
   struct Buffer {

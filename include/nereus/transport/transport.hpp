@@ -98,9 +98,13 @@ class Transport {
     (void)peer, (void)address;
     return {StatusCode::not_supported, std::string(name()) + " has no remote peers"};
   }
-  /// Makes `remote_device`'s region of `peer` (registered there with `key`) reachable.
-  virtual Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key) {
-    (void)peer, (void)remote_device, (void)key;
+  /// Makes `remote_device`'s region of `peer` (registered there with `key`) reachable:
+  /// the device's whole region when `size` is 0, else [base, base + size) of it (memory
+  /// registered on its own, as a framework's buffer is), which addresses inside it use
+  /// rather than the device's key. Overrides repeat these defaults.
+  virtual Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key,
+                                   std::uint64_t base = 0, std::uint64_t size = 0) {
+    (void)peer, (void)remote_device, (void)key, (void)base, (void)size;
     return {StatusCode::not_supported, std::string(name()) + " has no remote regions"};
   }
 

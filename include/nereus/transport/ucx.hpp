@@ -70,7 +70,8 @@ class UcxTransport final : public Transport, public ArenaSource {
   void deregister_memory(const Registration& registration) override;
   std::vector<std::byte> address() const override;
   Status connect(PeerId peer, std::span<const std::byte> address) override;
-  Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key) override;
+  Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key, std::uint64_t base = 0,
+                           std::uint64_t size = 0) override;
   asio::awaitable<Status> post(DescriptorList list) override;
   /// Where [address, address + bytes) of a peer's device is mapped in this process, when
   /// UCX reads it directly from shared memory (an arena the peer's transport allocated);
