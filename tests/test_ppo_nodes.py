@@ -42,7 +42,7 @@ def run(tag, *job_args):
     for r in (0, 1):
         log = open(os.path.join(work, f"{tag}-{r}.log"), "w")
         procs.append(subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "ppo_nodes.py"), "--coordinator", coord, "--rank", str(r),
-                                       "--nodes", "2", "--token-file", TOKEN, "--gloo", gloo, "--check-state",
+                                       "--nodes", "2", "--token-file", TOKEN, "--gloo", gloo, "--check-state", "--plan", PLAN,
                                        "--out", os.path.join(work, f"{tag}-{r}.jsonl")], stdout=log, stderr=subprocess.STDOUT))
     try:
         end = time.time() + 60
@@ -67,6 +67,9 @@ rc, stay, codes, rows, err = run("stay", "--to", PLAN)  # the controller is not 
 check(rc == 0 and "error" not in stay, f"the job on the first plan runs 3 node steps ({stay.get('error')} {err.strip()[-300:]})")
 check(codes == [0, 0], f"both framework processes end cleanly ({codes})")
 check([x["step"] for x in rows[0]] == [1, 2, 3] and [x["step"] for x in rows[1]] == [1, 2, 3], "each process ran steps 1-3")
+check(all(rows[r][0]["adopted_shards"] == rows[r][0]["shards"] > 0 for r in (0, 1)),
+      f"step 1 computes on each process's own model tensors: every shard of its units is one "
+      f"({[(rows[r][0]['adopted_shards'], rows[r][0]['shards']) for r in (0, 1)]})")
 keys = ("reward_mean", "policy_loss", "value_loss", "kl")
 check(all(a[k] == b[k] for a, b in zip(rows[0], rows[1]) for k in keys), "both processes computed the same batch and losses")
 check(all(all(x[k] == x[k] for k in keys) for x in rows[0]), "the losses are numbers")
@@ -86,6 +89,7 @@ check(across > 0, f"the transition's bytes crossed processes ({across} bytes bet
 check(codes == [0, 0], f"both framework processes end cleanly after the move ({codes})")
 units = [x["units"] for x in moved_rows[0]]
 check(len(units) == 3 and units[0] != units[1] and units[1] == units[2], "node 0 held other units after the transition")
+check(moved_rows[0][1]["adopted_shards"] < moved_rows[0][1]["shards"], "the units the transition built live in the arenas")
 check(moved_rows[0][-1]["state_checks"] == {"passed": 1, "failed": 0},
       f"--check-state: training and reference state intact across nodes after the move ({moved_rows[0][-1]['state_checks']})")
 check([{k: x[k] for k in keys} for x in moved_rows[0]] == [{k: x[k] for k in keys} for x in rows[0]],

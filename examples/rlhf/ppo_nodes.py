@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """PPO across processes: each process is one node of a Nereus cluster (nereus.Member) and
-computes on the units of its devices; the coordinator holds the plan, syncs the trained
+computes on the units of its devices, whose first memory is the process's own model
+tensors (adopt=); the coordinator holds the plan, syncs the trained
 weights to generation and inference after each step, and runs the transitions between
 steps. DP replicas sit on different nodes: rollouts and inference results are gathered,
 and gradients all-reduced, with torch.distributed over gloo. The math is ppo.py's (same
@@ -13,7 +14,8 @@ devices on one machine (docs/cluster.md, "A framework as a node"):
 
   umask 077; head -c 32 /dev/urandom | base64 > token
   for r in 0 1; do PYTHONPATH=build/python examples/rlhf/ppo_nodes.py --coordinator 127.0.0.1:7000 \\
-      --rank $r --nodes 2 --token-file token --gloo 127.0.0.1:29500 & done
+      --rank $r --nodes 2 --token-file token --gloo 127.0.0.1:29500 \\
+      --plan examples/rlhf/ppo-nodes-plan.json & done
   build/src/nereus cluster job --coordinator 127.0.0.1:7000 --token-file token \\
       --job examples/rlhf/ppo-tiny-rule.json --plan examples/rlhf/ppo-nodes-plan.json \\
       [--to examples/rlhf/ppo-nodes-moved.json] --node-steps --steps 20 --no-verify
@@ -91,29 +93,36 @@ def all_sum(x):
     return t.item()
 
 
-def init_weights(node, seed):
-    """The first step's units get small random weights (norms: ones), each tensor drawn
+def own_model(job, plan, rank, per_node, nodes, seed):
+    """The model tensors this process holds for its node's units of the first plan, as
+    adopt= entries: small random weights (norms: ones; other slots zero), each tensor drawn
     whole from a generator of its own and sliced by the shard's box, so every process
-    writes the same values into its copies."""
+    holds the same values in its copies. A probe job (never joined) lays out the plan."""
+    probe = nereus.Job(job, plan, devices=per_node * nodes, capacity="64MiB")
     shapes = {}
-    for stage, units in node.units.items():
+    for stage in probe.model_stages:
         src = "actor" if stage.startswith("reference/") else stage.split("/")[0]
-        for u in units:
+        for u in probe.units(stage):
             for s in u.shards(slot="param"):
                 k = (src, s.tensor)
                 shapes[k] = [max(a, hi) for a, (_, hi) in zip(shapes.get(k, [0] * len(s.box)), s.box)]
+    entries, mine = [], range(rank * per_node, (rank + 1) * per_node)
     with torch.no_grad():
-        for stage, units in node.units.items():
+        for stage in probe.model_stages:
             src = "actor" if stage.startswith("reference/") else stage.split("/")[0]
-            for u in units:
+            for u in probe.units(stage):
                 for s in u.shards(slot=None):
-                    if s.slot not in ("param", "master"):
-                        s.data.zero_()
+                    if s.device not in mine:
                         continue
-                    shape = shapes[(src, s.tensor)]
-                    full = torch.ones(shape) if s.tensor.endswith("norm.weight") else \
-                        0.02 * torch.randn(shape, generator=generator(seed, src, s.tensor))
-                    s.data.copy_(full[tuple(slice(lo, hi) for lo, hi in s.box)])
+                    t = torch.zeros_like(s.data)
+                    if s.slot in ("param", "master"):
+                        shape = shapes[(src, s.tensor)]
+                        full = torch.ones(shape) if s.tensor.endswith("norm.weight") else \
+                            0.02 * torch.randn(shape, generator=generator(seed, src, s.tensor))
+                        t.copy_(full[tuple(slice(lo, hi) for lo, hi in s.box)])
+                    entries.append({"stage": stage, "replica": u.replica, "device": s.device, "buffer": s.tensor,
+                                    "slot": s.slot, "tensor": t})
+    return entries
 
 
 def generate(node, prompts, length, seed, k):
@@ -220,6 +229,10 @@ def main():
     ap.add_argument("--nodes", type=int, required=True)
     ap.add_argument("--token-file", required=True)
     ap.add_argument("--gloo", required=True, help="HOST:PORT for torch.distributed's rendezvous (rank 0 listens)")
+    ap.add_argument("--plan", required=True, help="the job's first plan (the coordinator's --plan): this process's model "
+                    "tensors are its node's units of it")
+    ap.add_argument("--job", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "ppo-tiny-rule.json"),
+                    help="the job file (default: ppo-tiny-rule.json beside this script)")
     ap.add_argument("--devices", type=int, default=4, help="host devices per node (default 4)")
     ap.add_argument("--capacity", default="64MiB", help="bytes per device (default 64MiB)")
     ap.add_argument("--seed", type=int, default=1)
@@ -227,8 +240,10 @@ def main():
                     help="after each transition, compare the training and reference state bit for bit, across nodes")
     ap.add_argument("--out", help="write each step as a JSON line here")
     a = ap.parse_args()
+    model = own_model(a.job, a.plan, a.rank, a.devices, a.nodes, a.seed)
+    owned = {e["tensor"].data_ptr() for e in model}
     member = nereus.Member(coordinator=a.coordinator, rank=a.rank, nodes=a.nodes, token_file=a.token_file,
-                           devices=a.devices, capacity=a.capacity)
+                           devices=a.devices, capacity=a.capacity, adopt=model)
     dist.init_process_group("gloo", init_method=f"tcp://{a.gloo}", rank=a.rank, world_size=a.nodes)
     out = open(a.out, "w") if a.out else None
     length, before, ids, checks = 8, None, None, {"passed": 0, "failed": 0}
@@ -238,9 +253,9 @@ def main():
         now = sorted((u.model_stage, u.id) for u in step.units)
         moved = ids is not None and now != ids
         ids = now
-        if k == 1:
-            init_weights(node, a.seed)
-        elif a.check_state and moved:
+        shards = [s for u in step.units for s in u.shards(slot=None)]
+        adopted = sum(s.data_ptr in owned for s in shards)  # step 1: all of them, the process's own tensors
+        if a.check_state and moved:
             bad = ppo.same_state(before, checked_state(node), set(CHECKED))
             checks["failed" if bad else "passed"] += 1
             if bad:
@@ -264,6 +279,7 @@ def main():
         row = {"step": k, "reward_mean": score.mean().item(), "policy_loss": pl, "value_loss": vl, "kl": kl.mean().item(),
                "response_len": length, "seconds": time.perf_counter() - t0, "stage_seconds": node.seconds,
                "units": {s: [[u.replica, list(u.devices)] for u in us] for s, us in sorted(node.units.items())},
+               "shards": len(shards), "adopted_shards": adopted,
                "state_checks": dict(checks)}
         if out:
             out.write(json.dumps(row) + "\n")
