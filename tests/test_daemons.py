@@ -393,6 +393,18 @@ try:
           f"a daemon killed while the job loads: the job goes on from the units loaded on the survivors, verified "
           f"({f.get('phase')}, {f.get('intact_plan')}, {j.get('error')} {err.strip()[-300:]})")
     check(restart(2, "node2e"), "node 2 restarted")
+    # Every critic/infer unit on node 2, critic/train's params on nodes 1 and 2: losing node 2
+    # loses no state, so critic/infer is rebuilt from the critic/train unit left on node 1.
+    lonely = dict(spread, **{"critic/infer": "tp=1,pp=1,dp=2,devices=4:5"})
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(lonely), "--inject-kill-node", "2", "--inject-at", "load")
+    f = failure1(j)
+    rebuilt = f.get("rebuilt", [{}])
+    check(rc == 0 and [{k: r.get(k) for k in ("model_stage", "from", "units")} for r in rebuilt]
+          == [{"model_stage": "critic/infer", "from": "critic/train", "units": 1}] and rebuilt[0].get("bytes", 0) > 0
+          and j.get("verified") is True and not devices_of(j.get("plan") or {"x": "devices=4"}) & {4, 5},
+          f"a model-stage whose every unit was on the lost node is rebuilt from the stage that holds its state, verified "
+          f"({rebuilt}, {j.get('error')} {err.strip()[-300:]})")
+    check(restart(2, "node2f"), "node 2 restarted again")
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--inject-kill-node", "1", "--inject-at", "load")
     check(rc == 1 and failure1(j).get("phase") == "load" and "critic/train" in j.get("error", "")
           and "cannot be recovered" in j.get("error", ""),

@@ -323,15 +323,43 @@ asio::awaitable<void> JobDriver::release(std::uint32_t id) {
   co_await each(on, f, "unit-free");
 }
 
-void JobDriver::check_recoverable() const {
+asio::awaitable<nlohmann::json> JobDriver::rebuild_lost_stages() {
+  // The holder of each model-stage left without units: a training stage of its model when
+  // one kept units (it has the newest params), else any stage of its model that did.
+  std::vector<std::pair<std::size_t, std::size_t>> rebuild;  // (stage, holder)
   std::vector<std::string> gone;
-  for (std::size_t i = 0; i < stages_.size(); ++i)
-    if (current_[i].empty()) gone.push_back(stages_[i].name());
-  if (gone.empty()) return;
-  std::string names;
-  for (const std::string& n : gone) names += (names.empty() ? "" : ", ") + n;
-  throw Error("every unit of " + names + " had a GPU on a lost node: " + (gone.size() > 1 ? "their" : "its") +
-              " state cannot be recovered from the survivors");
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    if (!current_[i].empty()) continue;
+    std::optional<std::size_t> holder;
+    for (std::size_t k = 0; k < stages_.size(); ++k)
+      if (k != i && !current_[k].empty() && stages_[k].holds_state_of(stages_[i]) &&
+          (!holder || (stages_[k].kind == StageKind::train && stages_[*holder].kind != StageKind::train)))
+        holder = k;
+    if (holder) rebuild.emplace_back(i, *holder);
+    else gone.push_back(stages_[i].name());
+  }
+  if (!gone.empty()) {
+    std::string names;
+    for (const std::string& n : gone) names += (names.empty() ? "" : ", ") + n;
+    throw Error("every unit of " + names + " had a GPU on a lost node and no surviving model-stage holds " +
+                (gone.size() > 1 ? "their" : "its") + " state: it cannot be recovered from the survivors");
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [i, k] : rebuild) {
+    std::uint64_t bytes = 0;
+    std::vector<std::uint32_t> built;
+    for (std::uint32_t h : current_[k]) {  // a copy of each holder unit's layout on its GPUs
+      const std::uint32_t id = add_unit(i, units_.at(h).emu);
+      co_await allocate(id, false);
+      const std::vector<std::vector<std::uint32_t>> from{{h}};
+      const std::vector<RunDone> runs = co_await build(id, from);  // named: GCC 12 and co_await temporaries
+      for (const RunDone& r : runs) bytes += r.link_bytes + r.local_bytes;
+      built.push_back(id);
+    }
+    current_[i] = built;
+    out.push_back({{"model_stage", stages_[i].name()}, {"from", stages_[k].name()}, {"units", built.size()}, {"bytes", bytes}});
+  }
+  co_return out;
 }
 
 bool JobDriver::intact(std::uint32_t id) const {

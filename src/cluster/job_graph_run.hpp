@@ -84,8 +84,12 @@ class JobDriver {
   /// Keeps in every model-stage only intact units, as many as divide the global batch, and
   /// frees the others on the alive nodes (after a node was lost outside a graph's run).
   asio::awaitable<void> drop_lost_units();
-  /// Throws Error naming every model-stage with no unit left (after a node was lost).
-  void check_recoverable() const;
+  /// After a node was lost: a model-stage with no unit left gets new ones from a model-stage
+  /// that holds its state and kept units (holds_state_of, training first), one on each of
+  /// that one's units' GPUs, built from it as weight sync builds. Returns what it rebuilt
+  /// ([{model_stage, from, units, bytes}]); throws Error naming every model-stage whose
+  /// state no survivor holds.
+  asio::awaitable<nlohmann::json> rebuild_lost_stages();
   /// Whether none of the unit's GPUs is on a lost node.
   bool intact(std::uint32_t id) const;
   /// The nodes that hold part of unit `id` (none for a unit no longer recorded).

@@ -277,7 +277,8 @@ class JobLife {
   }
 
   /// From every node lost since the last recovery: each model-stage keeps its intact units,
-  /// or the job stops with an error naming the state whose only copies were on lost nodes;
+  /// one left with none is rebuilt from a model-stage that holds its state, or the job
+  /// stops with an error naming the state whose only copies were on lost nodes;
   /// then the controller decides on the survivors' devices (the pool trigger) and a
   /// transition it admits runs. Again while nodes are lost during it.
   asio::awaitable<void> recover(long step, double len) {
@@ -302,9 +303,16 @@ class JobLife {
              {"detected_seconds", std::max(0.0, detected)},
              {"noticed_at", std::chrono::duration<double>(wall.time_since_epoch()).count()}};
       failures_.push_back(f);
-      d_.check_recoverable();
-      const GlobalPlan intact = d_.plan_of(survivors);
+      json rebuilt;
+      try {
+        rebuilt = co_await d_.rebuild_lost_stages();
+      } catch (const std::exception&) {
+        if (d_.lost().size() > handled_.size()) continue;  // another node lost meanwhile: start over
+        throw;
+      }
       json& rec = failures_.back();
+      if (!rebuilt.empty()) rec["rebuilt"] = rebuilt;
+      const GlobalPlan intact = d_.plan_of(survivors);
       rec["intact_plan"] = plan_json(survivors.to_devices(intact));
       pool_ = survivors;
       const Signals now = signals(step, len);
