@@ -93,7 +93,7 @@ TEST_CASE("frames: the job messages survive a round trip") {
   const PeerInfo::Buffer buf{3, 5, 17, Slot::exp_avg, 0x7f0000001000, 4096};
   const UnitDesc unit{9, "actor/train", "tp=2,pp=1,dp=1,devices=4,5"};
   const std::vector<Body> bodies = {
-      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2, -1, false, 4, 0.5, "load", true},
+      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2, -1, false, 4, 0.5, "load", true, true},
       JobOpen{"{}", 2, -1, 1, Bytes(128, 7), "250ms"},
       UnitAlloc{unit, true, 3},
       UnitAllocated{9, {buf, buf}},
@@ -115,6 +115,7 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(r.step_seconds == 0.5);
   CHECK(r.inject_at == "load");
   CHECK(r.node_steps);
+  CHECK(r.overlap);
   const auto run = std::get<StepRun>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[7]})).body);
   CHECK(run.step == 3);
   CHECK(run.response_len == 1536.5);

@@ -199,6 +199,35 @@ try:
     check(trained == {"critic"} and sync.get("builds") == units_synced == 1 and sync.get("link_bytes", 0) > 0,
           f"weight sync after step 1 rebuilt the critic's inference unit from critic/train ({sync})")
 
+    # 1b. --overlap: the move to JOB_TO admitted after step 1 runs beside step 2, whose
+    # frameworks (1 s a step) still compute on JOB_FROM's units; step 3 has JOB_TO's.
+    sleepy = {r: ["--step-sleep", "1.0"] for r in (1, 2)}
+    files = members(addr, "overlap", sleepy)
+    check(wait_alive(addr, 3), "the frameworks joined for the overlapped transition")
+    rc, rep, err = job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--steps", "3", "--overlap")
+    steps = rep.get("steps", [])
+    t = steps[0].get("transition", {}) if steps else {}
+    check(rc == 0 and rep.get("verified") is True and t.get("completed") is True and t.get("overlapped") is True
+          and t.get("beside_step") == 2, f"the transition admitted after step 1 ran beside step 2 and the job verifies "
+          f"({ {k: t.get(k) for k in ('completed', 'overlapped', 'beside_step', 'error')} }, {err.strip()[-300:]})")
+    for r in (1, 2):
+        ended(files[r])
+        got = [x for x in lines(files[r]) if "step" in x]
+        plans = []
+        for x in got:
+            have = {s: sorted((u["replica"], u["devices"]) for u in us) for s, us in units_by_stage(x).items()}
+            plans.append(have)
+        check(len(got) == 3 and plans[0] == plans[1] and plans[1] != plans[2],
+              f"node {r}'s framework computed step 2 on the old units, step 3 on the new ones")
+    during = [n for n in t.get("graph_nodes", []) if n["start"] < t.get("step_end", 0)]  # graph nodes' clock
+    early = [n for n in during if n["kind"] != "destroy"]
+    late = [n for n in during if n not in early]
+    check(early and not late and not any("/train " in n["unit"] for n in early),
+          f"builds that read no training state ran during step 2, nothing else did "
+          f"({[(n['kind'], n['unit'], round(n['start'], 3)) for n in early + late]}, step ended at {t.get('step_end')} s)")
+    check(0 <= t.get("exposed_seconds", -1) < t.get("seconds", 0),
+          f"part of the transition hid behind step 2 (exposed {t.get('exposed_seconds')} s of {t.get('seconds')} s)")
+
     # 2. The controller decides from what the frameworks measured.
     files = members(addr, "ctl")
     check(wait_alive(addr, 3), "the frameworks joined again")

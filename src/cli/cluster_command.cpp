@@ -33,7 +33,7 @@ struct ClusterArgs {
 struct JobArgs {
   std::string coordinator, token_file, job, cluster = "h200-node", plan, to, perfetto;
   double response_len = 0, response_len_after = 0, timeout = 300, step_seconds = 0;
-  bool no_verify = false, json = false, node_steps = false;
+  bool no_verify = false, json = false, node_steps = false, overlap = false;
   int kill_node = -1, freeze_node = -1;
   unsigned steps = 1;
   std::string inject_at;
@@ -118,6 +118,7 @@ int run_job(const JobArgs& a) {
   r.steps = a.steps;
   r.step_seconds = a.step_seconds;
   r.node_steps = a.node_steps;
+  r.overlap = a.overlap;
   r.perfetto = !a.perfetto.empty();
   const Body ask = r;
   // Loading, each step's transition, a recovery and the check: each may take up to the timeout.
@@ -226,6 +227,10 @@ void add_cluster_command(CLI::App& app) {
   job->add_flag("--node-steps", j->node_steps, "each step runs on the nodes: every node's framework (nereus.Member) runs it on the "
                                                 "units it holds and reports its stage times, which calibrate the controller")
       ->excludes("--step-seconds");
+  job->add_flag("--overlap", j->overlap, "with --node-steps: a transition admitted after step k runs while step k+1 computes on "
+                                          "the old units (the new plan holds from step k+2); builds that read training state, "
+                                          "and destroys, wait for the step's end")
+      ->needs("--node-steps");
   job->add_flag("--no-verify", j->no_verify, "skip checking every unit's bytes against the fill at the end");
   job->add_option("--timeout", j->timeout, "give up a request to a node after this many seconds (default 300)")->check(CLI::PositiveNumber);
   job->add_flag("--json", j->json, "print the report as one JSON object");

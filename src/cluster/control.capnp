@@ -84,6 +84,7 @@ struct JobRequest {
   stepSeconds @12 :Float64;   # the wait between steps, standing in for the stages' work
   injectAt @13 :Text;         # when the injected fault strikes: "build" (or empty), "load", "MSms" after the job opens
   nodeSteps @14 :Bool;        # each step waits for every node's framework to run it (stepRun / stepDone)
+  overlap @15 :Bool;          # with nodeSteps: a transition admitted after step k runs beside step k + 1
 }
 
 struct StepRun {

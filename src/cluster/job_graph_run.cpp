@@ -2,7 +2,9 @@
 // runtime's graph interpreter (runtime/graph_run.cpp) over units that live on the nodes.
 // A build allocates its unit on the nodes that hold its GPUs and commits once every one
 // of them reported its bytes landed; a lost node stops the run, and the interpreter
-// leaves every model-stage only units with no GPU on a lost node.
+// leaves every model-stage only units with no GPU on a lost node. Beside a step the
+// frameworks compute (`--overlap`), only builds that read no training state run; the rest
+// waits for the step's end.
 #include <algorithm>
 #include <set>
 
@@ -64,10 +66,15 @@ class DaemonUnits final : public UnitSpace {
   /// destroy waits only on builds whose edges can all finish, so no wait is circular.
   bool may_start(const GraphRun& run, std::uint32_t x) const override {
     const GraphNode& n = g_.nodes[x];
+    const auto& stages = d_.stages();
+    if (d_.stepping()) {  // the frameworks compute on the old units: they hold views of them
+      if (!n.is_build()) return false;
+      for (const UnitRef& r : n.sources)
+        if (stages[r.stage].kind == StageKind::train) return false;  // the step writes it
+    }
     if (n.is_build()) return true;
     const UnitId id = run.unit(n.unit);
     std::set<int> before, after;
-    const auto& stages = d_.stages();
     for (std::size_t k = 0; k < stages.size(); ++k) {
       if (!stages[k].holds_state_of(stages[n.unit.stage])) continue;
       for (std::uint32_t u = 0; u < g_.from[k].units.size(); ++u) add_holder(run.unit({static_cast<std::uint16_t>(k), false, u}), id, before, after);
@@ -90,6 +97,7 @@ class DaemonUnits final : public UnitSpace {
   }
 
   asio::awaitable<void> settle(std::size_t stage, const StageEnd& end) override {
+    while (d_.stepping()) co_await d_.changed().wait();  // old units it retires are the step's
     if (stage == 0) d_.resume();  // requests to free what the run leaves behind must be answered
     std::vector<std::uint32_t>& current = d_.current()[stage];
     current.clear();

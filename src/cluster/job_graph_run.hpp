@@ -53,6 +53,13 @@ class JobDriver {
   const std::vector<ModelStage>& stages() const { return stages_; }
   asio::any_io_executor executor() const { return ex_; }
   Notifier& changed() { return changed_; }
+  /// Whether the nodes' frameworks are computing a step beside a graph's run (`--overlap`):
+  /// the graph's destroys, and builds that read training state, wait until it ends.
+  bool stepping() const { return stepping_; }
+  void set_stepping(bool on) {
+    stepping_ = on;
+    changed_.notify();
+  }
 
   /// Authenticates to every node, opens the job there and connects their UCX endpoints. A
   /// node that cannot be reached or is lost meanwhile is lost to the job, not an error
@@ -177,6 +184,7 @@ class JobDriver {
   std::vector<std::vector<std::uint32_t>> current_;
   JobTimeline* timeline_ = nullptr;
   bool giving_up_ = false;
+  bool stepping_ = false;
   std::function<bool(int)> membership_;
   bool closing_ = false;
   Bytes nccl_id_;

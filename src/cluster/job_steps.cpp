@@ -15,6 +15,7 @@
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/control/controller.hpp"
 #include "nereus/core/bytes.hpp"
+#include "nereus/runtime/async_scope.hpp"
 
 namespace nereus::cluster {
 
@@ -72,9 +73,14 @@ class JobLife {
       json step{{"step", k}, {"response_len", len}};
       std::optional<StepObservation> seen;  // what the nodes' frameworks measured
       const std::size_t lost_before = d_.lost().size();
+      const GlobalPlan ran_on = d_.plan_of(pool_);  // the units this step computes on
       if (r_.node_steps) {
         begin("step " + std::to_string(k), "idle");
-        const auto reports = co_await d_.step(k, len);
+        std::vector<std::pair<int, StepDone>> reports;  // GCC 12: no co_await inside ?:
+        if (beside_)
+          reports = co_await step_beside(k, len);
+        else
+          reports = co_await d_.step(k, len);
         end();
         seen = observation(reports, k, len, step);
         co_await recover(k, len);
@@ -98,18 +104,28 @@ class JobLife {
         target = pool_.to_indices(*forced);
         if (plan_json(*target) == plan_json(current)) target.reset();  // there already
       } else {
-        const Decision dec = seen ? ctl_.step(current, *seen) : ctl_.decide(now, current);
+        if (seen) ctl_.observe(ran_on, *seen);  // a transition beside the step changed the plan since
+        const Decision dec = ctl_.decide(now, current);
         step["decision"] = decision_json(dec);
         if (dec.admitted) target = dec.target;
       }
       if (target) {
         step["target_plan"] = plan_json(pool_.to_devices(*target));
-        begin("transition", "transition");
-        step["transition"] = co_await transition(current, *target, now, "transition");
-        end();
+        if (r_.overlap && r_.node_steps && k < n) {
+          beside_ = Beside{current, *target, now, steps_.size()};
+          step["transition"] = {{"overlapped", true}, {"pending", true}};  // replaced once it ran beside step k + 1
+        } else {
+          begin("transition", "transition");
+          step["transition"] = co_await transition(current, *target, now, "transition");
+          end();
+        }
       }
       steps_.push_back(std::move(step));
       co_await recover(k, len);
+      if (beside_ && plan_json(d_.plan_of(pool_)) != plan_json(beside_->from)) {  // a recovery changed the plan
+        steps_[beside_->index]["transition"] = {{"overlapped", true}, {"dropped", "a node was lost before it began"}};
+        beside_.reset();
+      }
     }
     out_["plan"] = plan_json(pool_.to_devices(d_.plan_of(pool_)));
     if (r_.verify) co_await check(n, last_len_);
@@ -188,6 +204,61 @@ class JobLife {
   void end() {
     phase_end_ = clock::now();
     if (timeline_) timeline_->phase(phase_, phase_at_, timeline_->now());
+  }
+
+  /// A transition admitted after a step, to run beside the next one (`--overlap`).
+  struct Beside {
+    GlobalPlan from, to;
+    Signals signals;
+    std::size_t index;  // the admitting step's entry in steps_
+  };
+  struct Ran {
+    json report;
+    std::exception_ptr error;
+    clock::time_point end;
+  };
+  /// Step k with the transition admitted after step k − 1 running beside it (`--overlap`):
+  /// the frameworks compute on the old units while the graph builds what reads no training
+  /// state; the rest of the graph runs once every node answered. The transition's report
+  /// goes to step k − 1's entry, with how much of it outlasted the step (`exposed_seconds`).
+  asio::awaitable<std::vector<std::pair<int, StepDone>>> step_beside(long k, double len) {
+    const Beside b = std::move(*beside_);
+    beside_.reset();
+    Ran graph;
+    AsyncScope scope(d_.executor());
+    d_.set_stepping(true);
+    const auto t0 = clock::now();
+    scope.spawn(run_beside(b, &graph));
+    std::vector<std::pair<int, StepDone>> reports;
+    std::exception_ptr failed;
+    try {
+      reports = co_await d_.step(k, len);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    const auto step_end = clock::now();
+    d_.set_stepping(false);
+    co_await scope.join();
+    json& t = steps_[b.index]["transition"];
+    t = graph.report;
+    t["overlapped"] = true;
+    t["beside_step"] = k;
+    t["step_seconds"] = std::chrono::duration<double>(step_end - t0).count();
+    const double after = std::chrono::duration<double>(graph.end - step_end).count();  // the graph's time past the step
+    t["exposed_seconds"] = std::max(0.0, after);
+    if (t.contains("seconds")) t["step_end"] = t["seconds"].get<double>() - after;  // on the graph nodes' clock
+    if (failed) std::rethrow_exception(failed);
+    if (graph.error) std::rethrow_exception(graph.error);
+    co_return reports;
+  }
+
+  asio::awaitable<void> run_beside(Beside b, Ran* out) {
+    try {
+      out->report = co_await transition(b.from, b.to, b.signals, "transition");
+    } catch (...) {
+      out->error = std::current_exception();
+    }
+    out->end = clock::now();
   }
 
   asio::awaitable<json> transition(const GlobalPlan& from, const GlobalPlan& to, const Signals& s, const char* what) {
@@ -359,6 +430,7 @@ class JobLife {
   std::function<std::vector<NodeAddress>()> roster_;
   json& out_;
   json steps_ = json::array();
+  std::optional<Beside> beside_;
   json failures_ = json::array();
   std::set<int> handled_;  // lost nodes already recovered from
   std::string phase_;

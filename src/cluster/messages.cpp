@@ -281,7 +281,7 @@ Body body_of(w::Envelope::Body::Reader e) {
                         j.getSteps(),
                         j.getStepSeconds(),
                         text_of(j.getInjectAt(), "fault moment"),
-                        j.getNodeSteps()};
+                        j.getNodeSteps(), j.getOverlap()};
     }
     case w::Envelope::Body::JOB_OPEN: {
       auto j = e.getJobOpen();
@@ -466,6 +466,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setStepSeconds(j.step_seconds);
                    o.setInjectAt(j.inject_at);
                    o.setNodeSteps(j.node_steps);
+                   o.setOverlap(j.overlap);
                  },
                  [&](const JobOpen& j) {
                    auto o = body.initJobOpen();

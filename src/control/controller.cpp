@@ -182,6 +182,11 @@ double Controller::horizon(const std::vector<std::string>& signals, long step) {
 }
 
 Decision Controller::step(const GlobalPlan& current, const StepObservation& o) {
+  observe(current, o);
+  return decide(o.next, current);
+}
+
+void Controller::observe(const GlobalPlan& current, const StepObservation& o) {
   Signals ran = o.next;
   if (o.response_len_mean > 0) ran.response_len_mean = o.response_len_mean;
   if (o.response_len_p95 > 0) ran.response_len_p95 = o.response_len_p95;
@@ -209,7 +214,6 @@ Decision Controller::step(const GlobalPlan& current, const StepObservation& o) {
     const PlanEstimate e = estimate_plan(model_, job_, current, w, options_.headroom);
     reference_seconds_ = e.fits ? e.step_seconds : 0;
   }
-  return decide(o.next, current);
 }
 
 Decision Controller::decide(const Signals& s, const GlobalPlan& current) {

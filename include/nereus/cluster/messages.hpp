@@ -159,6 +159,7 @@ struct JobRequest {
   double step_seconds = 0;    ///< the wait between steps (daemon jobs run no stage work)
   std::string inject_at;      ///< when kill_node / freeze_node strikes (parse_fault_moment)
   bool node_steps = false;    ///< each step waits for every node's framework (StepRun / StepDone)
+  bool overlap = false;       ///< with node_steps: a transition admitted after step k runs beside step k + 1
 };
 struct JobOpen {
   std::string job;

@@ -105,6 +105,9 @@ class Controller {
   /// as the references drift is measured against.
   /// Throws Error naming a model-stage the job does not have or a negative time.
   Decision step(const GlobalPlan& current, const StepObservation& o);
+  /// step()'s calibration alone, from a step that ran on `ran_on` (a transition that ran
+  /// beside the step may have changed the plan since: decide() from the new one).
+  void observe(const GlobalPlan& ran_on, const StepObservation& o);
 
   /// `current`'s TP and PP with each model-stage's share of `gpus` GPUs as replicas, inside
   /// the pool: units that do not fit side by side share GPUs and run one after the other.
