@@ -144,6 +144,7 @@ try:
     check(runs is not None and runs > 0, f"node 1's framework serves its metrics, builds counted ({runs})")
     steps = rep.get("steps", [])
     check(len(steps) == 2 and "transition" in steps[0], "step 1 runs, then the transition to the --to plan")
+    between = steps[0].get("transition", {}).get("seconds") if steps else None
     measured = steps[0].get("measured", {}) if steps else {}
     check(sorted(measured.get("nodes", [])) == [0, 1, 2], f"every node answered the step ({measured.get('nodes')})")
     seen = {r: lines(p) for r, p in files.items()}
@@ -227,6 +228,8 @@ try:
           f"({[(n['kind'], n['unit'], round(n['start'], 3)) for n in early + late]}, step ended at {t.get('step_end')} s)")
     check(0 <= t.get("exposed_seconds", -1) < t.get("seconds", 0),
           f"part of the transition hid behind step 2 (exposed {t.get('exposed_seconds')} s of {t.get('seconds')} s)")
+    print(f"JOB_FROM -> JOB_TO between steps: {between} s; beside step 2: {t.get('exposed_seconds')} s past the step",
+          file=sys.stderr)
 
     # 2. The controller decides from what the frameworks measured.
     files = members(addr, "ctl")

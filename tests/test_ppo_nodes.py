@@ -95,4 +95,22 @@ check(moved_rows[0][-1]["state_checks"] == {"passed": 1, "failed": 0},
 check([{k: x[k] for k in keys} for x in moved_rows[0]] == [{k: x[k] for k in keys} for x in rows[0]],
       "moving units between nodes changes nothing computed, bit for bit")
 
+# The same move beside step 2 (--overlap): step 2 still computes on the first plan's units,
+# step 3 on the moved ones, and nothing computed changes.
+rc, over, codes, over_rows, err = run("overlap", "--to", MOVED, "--overlap")
+t = (over.get("steps") or [{}])[0].get("transition", {})
+check(rc == 0 and t.get("completed") is True and t.get("overlapped") is True and t.get("beside_step") == 2,
+      f"the move admitted after step 1 ran beside step 2 ({ {k: t.get(k) for k in ('completed', 'overlapped', 'error')} } "
+      f"{err.strip()[-300:]})")
+units = [x["units"] for x in over_rows[0]]
+check(codes == [0, 0] and len(units) == 3 and units[0] == units[1] != units[2],
+      "node 0 computed step 2 on the first plan's units and step 3 on the moved ones")
+check(over_rows[0][-1]["state_checks"] == {"passed": 1, "failed": 0},
+      f"--check-state: state intact after the overlapped move ({over_rows[0][-1]['state_checks']})")
+check([{k: x[k] for k in keys} for x in over_rows[0]] == [{k: x[k] for k in keys} for x in rows[0]],
+      "moving units beside a step changes nothing computed, bit for bit")
+moved_t = (moved.get("steps") or [{}])[0].get("transition", {})
+print(f"move between steps: {moved_t.get('seconds')} s; beside step 2: {t.get('seconds')} s, {t.get('exposed_seconds')} s "
+      f"past the step ({t.get('step_end')} s into it)", file=sys.stderr)
+
 finish("ppo-nodes")
