@@ -283,8 +283,9 @@ struct NodeJob::State {
   }
 
   /// Hands step `r` to the framework with views of the current units held here; the
-  /// framework's report is the reply. No graph runs while a step does: the coordinator
-  /// sends the next build only after every node answered.
+  /// framework's report is the reply. No graph touches these units while the step runs:
+  /// beside it (`--overlap`) the coordinator builds only new units from units no step
+  /// writes, and frees nothing until every node answered.
   void step(const StepRun& r, std::uint64_t request) {
     check_adoption(r.step);
     NodeStep ns{r.step, r.response_len, job, {}, {}};

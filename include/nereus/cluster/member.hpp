@@ -9,7 +9,8 @@
 //     m.report({{{"actor/train", 1.8}}});    // measured times: the controller calibrates
 //   }                                        // nullopt: the job on this node ended
 //
-// Between two steps the coordinator may run a transition: the next step's units can be
+// Between two steps (or beside one, with `cluster job --overlap`, never touching the
+// step's units) the coordinator may run a transition: the next step's units can be
 // others, on other devices. A view is valid until report().
 #include <chrono>
 #include <memory>
