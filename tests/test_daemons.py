@@ -430,6 +430,14 @@ try:
     check(rc == 0 and j.get("verified") is True and len(j.get("steps", [])) == 2
           and all("decision" in s and "measured" not in s and "weight_sync" not in s for s in j["steps"]),
           f"node steps over daemons without frameworks: answered at once, the job verifies ({err.strip()[-300:]})")
+    # --overlap over the same daemons: the forced move after step 1 runs beside step 2 (the
+    # sanitizer tree runs this path; test_member times it with frameworks).
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--steps", "3", "--node-steps",
+                             "--overlap")
+    t = (j.get("steps") or [{}])[0].get("transition", {})
+    check(rc == 0 and j.get("verified") is True and t.get("completed") is True and t.get("overlapped") is True
+          and t.get("beside_step") == 2 and "transition" not in j["steps"][1] and t.get("exposed_seconds", -1) >= 0,
+          f"--overlap: the move admitted after step 1 ran beside step 2, the job verifies ({t.get('error')} {err.strip()[-300:]})")
     # Rejoin: node 2 dies in a job's first step; restarted, it joins at the next step and
     # the controller grows onto it (48 sequences a step: 6 DP replicas of generation divide
     # them, so the best plan for 6 devices uses node 2's).
