@@ -93,12 +93,12 @@ def all_sum(x):
     return t.item()
 
 
-def own_model(job, plan, rank, per_node, nodes, seed):
+def own_model(job, plan, rank, per_node, nodes, capacity, seed):
     """The model tensors this process holds for its node's units of the first plan, as
     adopt= entries: small random weights (norms: ones; other slots zero), each tensor drawn
     whole from a generator of its own and sliced by the shard's box, so every process
     holds the same values in its copies. A probe job (never joined) lays out the plan."""
-    probe = nereus.Job(job, plan, devices=per_node * nodes, capacity="64MiB")
+    probe = nereus.Job(job, plan, devices=per_node * nodes, capacity=capacity)
     shapes = {}
     for stage in probe.model_stages:
         src = "actor" if stage.startswith("reference/") else stage.split("/")[0]
@@ -240,7 +240,7 @@ def main():
                     help="after each transition, compare the training and reference state bit for bit, across nodes")
     ap.add_argument("--out", help="write each step as a JSON line here")
     a = ap.parse_args()
-    model = own_model(a.job, a.plan, a.rank, a.devices, a.nodes, a.seed)
+    model = own_model(a.job, a.plan, a.rank, a.devices, a.nodes, a.capacity, a.seed)
     owned = {e["tensor"].data_ptr() for e in model}
     member = nereus.Member(coordinator=a.coordinator, rank=a.rank, nodes=a.nodes, token_file=a.token_file,
                            devices=a.devices, capacity=a.capacity, adopt=model)

@@ -186,7 +186,7 @@ Decision Controller::step(const GlobalPlan& current, const StepObservation& o) {
   return decide(o.next, current);
 }
 
-void Controller::observe(const GlobalPlan& current, const StepObservation& o) {
+void Controller::observe(const GlobalPlan& ran_on, const StepObservation& o) {
   Signals ran = o.next;
   if (o.response_len_mean > 0) ran.response_len_mean = o.response_len_mean;
   if (o.response_len_p95 > 0) ran.response_len_p95 = o.response_len_p95;
@@ -205,13 +205,13 @@ void Controller::observe(const GlobalPlan& current, const StepObservation& o) {
     if (it == stages.end()) throw Error("report_step: '" + name + "' is not a model-stage of this job");
     if (!(seconds >= 0) || !std::isfinite(seconds))
       throw Error("report_step: '" + name + "' took " + std::to_string(seconds) + " s; times are finite and >= 0");
-    const CollectionSpec* spec = current.find(name);
+    const CollectionSpec* spec = ran_on.find(name);
     if (!spec) throw Error("report_step: the current plan has no '" + name + "'");
     if (seconds > 0) measure(*it, candidate_of(*spec), w, seconds);
   }
-  if (o.peak_bytes > 0) measure_memory(estimate_plan(model_, job_, current, w, options_.headroom).peak_memory_bytes, o.peak_bytes);
+  if (o.peak_bytes > 0) measure_memory(estimate_plan(model_, job_, ran_on, w, options_.headroom).peak_memory_bytes, o.peak_bytes);
   if (first) {  // the reference the `model` trigger measures drift against, as initial() sets it
-    const PlanEstimate e = estimate_plan(model_, job_, current, w, options_.headroom);
+    const PlanEstimate e = estimate_plan(model_, job_, ran_on, w, options_.headroom);
     reference_seconds_ = e.fits ? e.step_seconds : 0;
   }
 }

@@ -53,13 +53,11 @@ struct UcxTransport::Impl {
   };
   std::map<std::pair<PeerId, DeviceId>, std::vector<RemoteKey>> rkeys;
 
-  /// The key for [address, address + bytes) of a peer's device: a range holding it, else
-  /// the device's whole region; null when neither.
-  ucp_rkey_h rkey_for(PeerId peer, DeviceId device, std::uint64_t address, std::uint64_t bytes) const {
-    const auto it = rkeys.find({peer, device});
-    if (it == rkeys.end()) return nullptr;
+  /// The key among a peer device's `keys` for [address, address + bytes): a range holding
+  /// it, else the device's whole region; null when neither.
+  static ucp_rkey_h key_in(const std::vector<RemoteKey>& keys, std::uint64_t address, std::uint64_t bytes) {
     ucp_rkey_h whole = nullptr;
-    for (const RemoteKey& k : it->second) {
+    for (const RemoteKey& k : keys) {
       if (k.hi == 0) whole = k.rkey;
       else if (address >= k.lo && address + bytes <= k.hi) return k.rkey;
     }
@@ -432,7 +430,8 @@ Status UcxTransport::add_remote_region(PeerId peer, DeviceId device, std::span<c
 }
 
 const std::byte* UcxTransport::mapped(PeerId peer, DeviceId device, std::uint64_t address) const {
-  ucp_rkey_h rk = impl_->rkey_for(peer, device, address, 1);
+  const auto keys = impl_->rkeys.find({peer, device});
+  ucp_rkey_h rk = keys == impl_->rkeys.end() ? nullptr : Impl::key_in(keys->second, address, 1);
   if (!rk) return nullptr;
   void* local = nullptr;
   if (ucp_rkey_ptr(rk, address, &local) != UCS_OK) return nullptr;
@@ -475,7 +474,8 @@ struct Initiate {
     const bool tagged = list.op == Op::send || list.op == Op::recv;
     if (tagged && (list.segments.size() != 1 || list.segments[0].count != 1))
       return fail({StatusCode::invalid, "ucx: a tagged message is one contiguous segment (the executor stages others)"});
-    if (!tagged && !x.rkeys.contains({list.peer, list.remote_device}))
+    const auto keys = x.rkeys.find({list.peer, list.remote_device});  // looked up once per list
+    if (!tagged && keys == x.rkeys.end())
       return fail({StatusCode::invalid, "ucx: no rkey for device " + std::to_string(list.remote_device) + " of peer " +
                                             std::to_string(list.peer)});
     x.batches.emplace(batch.get(), batch);
@@ -537,17 +537,21 @@ struct Initiate {
         }
       }
     }
-    for (const Segment& s : tagged ? std::span<const Segment>{} : std::span<const Segment>(list.segments))
+    for (const Segment& s : tagged ? std::span<const Segment>{} : std::span<const Segment>(list.segments)) {
+      if (!batch->status.is_ok()) break;
+      // One key per segment: all its runs lie in one buffer, so in one registered region.
+      const bool get = list.op == Op::get;
+      const std::uint64_t remote = get ? s.src : s.dst;
+      const std::uint64_t span = (s.count - 1) * (get ? s.src_stride : s.dst_stride) + s.bytes;
+      ucp_rkey_h rk = s.count == 0 ? nullptr : UcxTransport::Impl::key_in(keys->second, remote, span);
+      if (s.count > 0 && !rk) {
+        batch->status = {StatusCode::invalid, "ucx: no region of device " + std::to_string(list.remote_device) + " of peer " +
+                                                  std::to_string(list.peer) + " holds address " + std::to_string(remote)};
+        break;
+      }
       for (std::uint64_t i = 0; i < s.count && batch->status.is_ok(); ++i) {
         const std::uint64_t src = s.src + i * s.src_stride, dst = s.dst + i * s.dst_stride;
-        void* local = reinterpret_cast<void*>(list.op == Op::get ? dst : src);
-        const std::uint64_t remote = list.op == Op::get ? src : dst;
-        ucp_rkey_h rk = x.rkey_for(list.peer, list.remote_device, remote, s.bytes);
-        if (!rk) {
-          batch->status = {StatusCode::invalid, "ucx: no region of device " + std::to_string(list.remote_device) + " of peer " +
-                                                    std::to_string(list.peer) + " holds address " + std::to_string(remote)};
-          break;
-        }
+        void* local = reinterpret_cast<void*>(get ? dst : src);
         ucp_request_param_t q = p;
         if (ucp_mem_h m = x.memh_for(local, s.bytes)) {
           q.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
@@ -558,6 +562,7 @@ struct Initiate {
         else
           track(ucp_put_nbx(ep->second, local, s.bytes, dst, rk, &q), "put");
       }
+    }
     // A put completes locally; flush so its bytes are visible at the peer.
     if (list.op == Op::put && batch->status.is_ok()) track(ucp_ep_flush_nbx(ep->second, &p), "flush");
     batch->posting = false;
