@@ -187,6 +187,16 @@ TEST_CASE("layout specs parse and their errors name key and value") {
             "num_key_value_heads=2"));
 }
 
+TEST_CASE("a cluster's GPU names its compute units or takes its data sheet's; a bad count is one clear error") {
+  const std::string base = R"({"name": "c", "nodes": 1, "gpus_per_node": 8, "intra_node_gbps": 100, "inter_node_gbps": 10,
+                              "nics_per_node": 1, "gpu": {"name": "g", "memory_gib": 80, "bf16_tflops": 900, "hbm_gbps": 3000)";
+  CHECK(parse_cluster(base + "}}", "c.json").gpu_compute_units == 0);  // "g": not a model the data sheets list
+  CHECK(load_cluster("paper-cluster-2-a100").gpu_compute_units == 108);  // from the data sheet of its A100
+  CHECK(parse_cluster(base + R"(, "compute_units": 132}})", "c.json").gpu_compute_units == 132);
+  CHECK(has(error_of([&] { parse_cluster(base + R"(, "compute_units": -4}})", "c.json"); }), "'compute_units' must be positive"));
+  CHECK(has(error_of([&] { parse_cluster(base + R"(, "compute_units": "many"}})", "c.json"); }), "'compute_units' must be an integer"));
+}
+
 TEST_CASE("JSON inputs with numbers out of range are one clear error (found by fuzzing)") {
   CHECK(has(error_of([] { parse_cluster(R"({"nodes": 6E6868})", "c.json"); }), "c.json: not valid JSON"));
   CHECK(has(error_of([] { parse_job(R"({"prompts_per_step": 1e999})", "j.json"); }), "j.json: not valid JSON"));

@@ -286,3 +286,30 @@ TEST_CASE("cost model: MoE FLOPs count active parameters, memory every expert, E
   CHECK(ideal(d, OpClass::expert) == 0);
   CHECK(ideal(d, OpClass::alltoall) == 0);
 }
+
+TEST_CASE("cost model: decode GEMMs of few tiles leave compute units idle when the cluster names them") {
+  // Thin per-GPU slices (high TP, a short running batch) fill few of a GPU's units: with
+  // the units known, their FLOPs count as the GPU spends them; unknown, at the full rate.
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const ModelStage gen = model_stages(job)[0];
+  REQUIRE(gen.kind == StageKind::generate);
+  ClusterSpec plain = load_cluster("paper-cluster-1-mi250x");
+  REQUIRE(plain.gpu_compute_units == 110);  // an MI250X die's, from its data sheet
+  ClusterSpec unknown = plain;
+  unknown.gpu_compute_units = 0;
+  unknown.hbm_gbps = plain.hbm_gbps * 100;  // make decoding compute-bound, so FLOPs show
+  plain.hbm_gbps = unknown.hbm_gbps;
+  const CostModel with(plain), without(unknown);
+  const Workload w = Workload::of(job, 1000, 1200);
+  auto decode = [&](const CostModel& m, Candidate c) { return m.work(gen, c, w).ideal[static_cast<std::size_t>(OpClass::decode)]; };
+  // TP 8 splits every GEMM eight ways: far fewer tiles than units, so the GPU does the
+  // work of about as many tiles as it has units.
+  const double tp8 = decode(with, {8, 1, 1}) / decode(without, {8, 1, 1});
+  const double tp1 = decode(with, {1, 1, 1}) / decode(without, {1, 1, 1});
+  CHECK(tp1 >= 1.0);
+  CHECK(tp1 < 1.5);
+  CHECK(tp8 > 2.0);  // 2.5 here: attention FLOPs are not GEMM tiles
+  // Never faster than the FLOPs at the full rate.
+  for (int tp : {1, 2, 4, 8}) CHECK(decode(with, {tp, 1, 1}) >= decode(without, {tp, 1, 1}));
+}
+

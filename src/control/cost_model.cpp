@@ -138,6 +138,29 @@ double allreduce(double bytes, int n, double bw) {
 }
 double ring_steps(int n) { return n <= 1 ? 0 : 2.0 * (n - 1); }
 
+/// FLOPs a GPU spends per decoded token of a micro-batch of `rows` sequences in the GEMMs
+/// outside the experts, counted as the GPU spends them: a GEMM's output is computed in
+/// tiles of 128 columns, one per compute unit at a time, so a GEMM of few tiles (the thin
+/// per-GPU slices of high TP) leaves units idle and takes as long as if it filled them.
+/// (NVIDIA's "Matrix Multiplication Background" guide: tile and wave quantization.)
+/// Without the GPU's compute units in the cluster description, the FLOPs themselves.
+double decode_gemm_flops(const Shape& m, const Candidate& c, const ClusterSpec& k, double rows) {
+  const double units = k.gpu_compute_units;
+  const double row_tiles = std::ceil(std::max(1.0, rows) / 128);
+  // A GEMM of n output columns and K inputs, per token: 2·n·K over the busy share of units.
+  auto gemm = [&](double n, double K) {
+    const double busy = units > 0 ? std::min(1.0, row_tiles * std::ceil(n / 128) / units) : 1.0;
+    return 2 * n * K / busy;
+  };
+  const double heads = m.nh / c.tp * m.hd;
+  const double attention = gemm(heads + 2 * m.kv_heads(c.tp) * m.hd, m.H) + gemm(m.H, heads);
+  const double dense = gemm(2 * m.I / c.tp, m.H) + gemm(m.H, m.I / c.tp);
+  const double router = m.Ls > 0 ? gemm(m.E, m.H) : 0;
+  // Every GPU of a pipeline works on its layers of each micro-batch: summed over the
+  // pipeline, the whole model per token; the output projection once.
+  return m.L * attention + (m.L - m.Ls) * dense + m.Ls * router + gemm(m.out_rows(c.tp), m.H);
+}
+
 }  // namespace
 
 CostModel::CostModel(ClusterSpec cluster, std::array<double, kOpClasses> efficiency)
@@ -231,7 +254,8 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       const double kv_per_token = 2.0 * m.L * m.kv_heads(c.tp) * m.hd * 2.0;
       const double iterations = std::max(w.response_len_p95, B / c.ep * R / kMaxRunning);
       const double bytes = iterations * weights + B / c.ep * kv_per_token * (P * R + R * R / 2) / c.pp;
-      const double flops = (gemm_flops + expert_flops) * B * R / unit + attention_flops(T) * B / unit;
+      const double flops = decode_gemm_flops(m, c, k, std::min(B / c.ep, kMaxRunning) / c.pp) * B / c.ep * R / c.pp +
+                           expert_flops * B * R / unit + attention_flops(T) * B / unit;
       add(OpClass::decode, std::max(bytes / hbm, flops / peak));
       tp_allreduce(iterations * m.L * 2, std::min(B / c.ep, kMaxRunning) * H * act);
       dispatch(iterations * c.pp, std::min(B / c.ep, kMaxRunning) * c.ep / c.pp);

@@ -15,6 +15,10 @@ struct ClusterSpec {
   double gpu_memory_gib = 0;
   double gpu_bf16_tflops = 0;
   double hbm_gbps = 0;
+  /// Streaming multiprocessors (NVIDIA) or compute units (AMD) of a GPU: the JSON's
+  /// "gpu": {"compute_units"}, else data_sheet_compute_units() of its name; 0: unknown (the
+  /// cost model then takes a GEMM's FLOPs at the full rate however few tiles it has).
+  int gpu_compute_units = 0;
   double intra_node_gbps = 0;  ///< per GPU
   double inter_node_gbps = 0;  ///< per NIC
   int nics_per_node = 1;
@@ -28,6 +32,9 @@ struct ClusterSpec {
 };
 
 ClusterSpec parse_cluster(std::string_view json_text, std::string_view origin);
+/// Compute units of the GPUs whose name starts with a known model (A100, H100, H200, H800,
+/// B200, MI250X, MI300X); 0 for others.
+int data_sheet_compute_units(std::string_view gpu_name);
 /// A path to a cluster JSON, or a preset name (e.g. "h200-node").
 ClusterSpec load_cluster(std::string_view arg);
 
