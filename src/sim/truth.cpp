@@ -260,12 +260,21 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
     const double busiest = G > 1 ? kRouterSkew * (mean + std::sqrt(2 * std::log(G) * mean)) : mean;
     const double touched = std::max(1.0, local * (1 - std::exp(-choices / d.E)));
     const double m = busiest / touched;
-    const double dispatch = G > 1 ? 2 * alltoall(n / t * d.k * d.H * 2.0, int(G), ep_in, slow) : 0;
+    const double dispatch = G > 1 ? 2 * alltoall(n / t * d.k * d.H * 2.0, int(G), ep_in, slow) : 0;  // and combine
     return gemm(n, d.E, d.H) + gemm(m, 2 * d.Ie / l.expert_tp(), d.H, touched) + gemm(m, d.H, d.Ie / l.expert_tp(), touched) +
            busiest * 6 * d.Ie / l.expert_tp() * 2.0 / hbm + dispatch;
   };
   auto layer = [&](double n) {
     return d.sparse > 0 ? (1 - d.sparse) * dense_layer(n) + d.sparse * (attention_part(n) + sparse_mlp(n)) : dense_layer(n);
+  };
+  // The communication in a layer's forward: two TP all-reduces, and a sparse layer's
+  // dispatch and combine. Its backward communicates as much, not twice: Megatron's f and
+  // g operators swap (an identity forward is an all-reduce backward), two all-reduces
+  // each way (Shoeybi et al. 2019, §3), and the backward of an all-to-all is one
+  // all-to-all of the same size (GShard; Megatron-Core's token dispatcher).
+  auto layer_comm = [&](double n) {
+    const double dispatch = d.sparse > 0 && G > 1 ? 2 * alltoall(n / t * d.k * d.H * 2.0, int(G), ep_in, slow) : 0;
+    return 2 * allreduce(n * d.H * 2.0, t, tp_in, slow) + d.sparse * dispatch;
   };
   auto head = [&](double n) { return gemm(n, d.head_rows(t), d.H); };
   // Causal flash attention of sequences whose squared length averages s2, per layer.
@@ -275,9 +284,10 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
 
   switch (kind) {
     case StageKind::train: {
-      // One micro-batch = one sequence. Backward: 2× the GEMMs, 2.5× attention.
+      // One micro-batch = one sequence. Backward: 2× the GEMMs and memory traffic, 2.5×
+      // attention, the same communication.
       const double fwd = layers * (layer(s_mean) + attention(s2)) + head(s_mean) / pp;
-      const double bwd = layers * (2 * layer(s_mean) + kFlashBackward * attention(s2)) + 2 * head(s_mean) / pp;
+      const double bwd = layers * (2 * layer(s_mean) - layer_comm(s_mean) + kFlashBackward * attention(s2)) + 2 * head(s_mean) / pp;
       const double re = l.recompute ? fwd : 0;
       const double launches = layers * kKernelsPerLayer * (l.recompute ? 4 : 3) * kEagerLaunch;
       const double stage = fwd + bwd + re + launches + (pp > 1 ? 2 * p2p(s_mean * d.H * 2.0, pp_in, slow) : 0);
