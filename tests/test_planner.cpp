@@ -184,6 +184,29 @@ TEST_CASE("calibrator: with a faint prior, recovers the efficiencies that produc
   for (std::size_t c = 0; c < unseen; ++c) CHECK(usual.efficiency()[c] == doctest::Approx(truth[c]).epsilon(0.02));
 }
 
+TEST_CASE("calibrator: efficiencies stay within (0, 1] inside the fit, and the other classes fit around a bound") {
+  // Gemm alone took 0.8 s of work worth 1 s at peak (faster than peak: a model error),
+  // gemm and attention together 2.8 s. Unbounded, gemm fits 1.25 and attention 0.5; a
+  // clamp afterwards would leave attention at 0.5 and predict 3 s for the second run.
+  // Bounded inside the fit, gemm is 1 and attention takes what is left: 1/1.8.
+  Calibrator cal(conservative_efficiency(), 1e-9);
+  Measurement alone, both;
+  alone.work.ideal[static_cast<std::size_t>(OpClass::gemm)] = 1;
+  alone.seconds = 0.8;
+  both.work.ideal[static_cast<std::size_t>(OpClass::gemm)] = 1;
+  both.work.ideal[static_cast<std::size_t>(OpClass::attention)] = 1;
+  both.seconds = 2.8;
+  cal.add(alone);
+  cal.add(both);
+  const auto eff = cal.efficiency();
+  CHECK(eff[static_cast<std::size_t>(OpClass::gemm)] == doctest::Approx(1.0));
+  CHECK(eff[static_cast<std::size_t>(OpClass::attention)] == doctest::Approx(1 / 1.8).epsilon(0.001));
+  for (double e : eff) {
+    CHECK(e > 0);
+    CHECK(e <= 1.0);
+  }
+}
+
 TEST_CASE("controller: the first measured peak sets the memory scale; later ones raise it at once, lower it slowly") {
   const JobSpec job = load_job("ppo-tiny");
   Controller ctl(job, load_cluster("h200-node"));

@@ -5,6 +5,10 @@
 
 namespace nereus {
 
+namespace {
+constexpr double kMinEfficiency = 0.02;
+}  // namespace
+
 Calibrator::Calibrator(std::array<double, kOpClasses> prior, double prior_weight)
     : prior_(prior), prior_weight_(prior_weight) {}
 
@@ -23,34 +27,42 @@ void Calibrator::add(const Measurement& m) {
 }
 
 std::array<double, kOpClasses> Calibrator::efficiency() const {
-  // Solve (AᵀA + wI) x = Aᵀb + w x0 by Gaussian elimination with partial pivoting; the
-  // ridge term keeps it well posed when classes never appear or always appear together.
-  // Rows are relative (a class's row entry is its share of the measured time at
-  // efficiency 1), so w is the prior's weight in measurements where one class took all
-  // the time: it fades as measurements of a class accumulate, and stays where data is thin.
-  std::array<std::array<double, kOpClasses + 1>, kOpClasses> m{};
+  // Minimise Σ ((work · x − t) / t)² + w Σ (x_c − 1/prior_c)² over x_c = 1/eff_c with each
+  // efficiency in [kMinEfficiency, 1]: no kernel beats its peak. The bounds are part of
+  // the fit, not a clamp after it: an unbounded solution puts one class above its peak
+  // (or below zero) to make up for another's error, and clamping that class afterwards
+  // leaves the others fitted to a value it no longer has. Rows are relative (a class's
+  // entry is its share of the measured time at efficiency 1), so w is the prior's weight
+  // in measurements where one class took all the time: it fades as measurements of a
+  // class accumulate, and stays where data is thin. A class never measured keeps its prior.
+  //
+  // The problem is a small convex quadratic with box bounds; projected Gauss-Seidel
+  // (one coordinate at a time, each its exact minimum within its bounds) converges on it
+  // since the matrix is positive definite (the ridge term makes it so).
+  std::array<std::array<double, kOpClasses>, kOpClasses> q{};
+  std::array<double, kOpClasses> r{}, x{}, lo{}, hi{};
   for (std::size_t i = 0; i < kOpClasses; ++i) {
-    const double w = prior_weight_;
-    for (std::size_t j = 0; j < kOpClasses; ++j) m[i][j] = ata_[i][j] + (i == j ? w : 0);
-    m[i][kOpClasses] = atb_[i] + w / prior_[i];
+    for (std::size_t j = 0; j < kOpClasses; ++j) q[i][j] = ata_[i][j] + (i == j ? prior_weight_ : 0);
+    r[i] = atb_[i] + prior_weight_ / prior_[i];
+    lo[i] = 1.0;
+    hi[i] = 1.0 / kMinEfficiency;
+    x[i] = std::clamp(1.0 / prior_[i], lo[i], hi[i]);
   }
-  for (std::size_t col = 0; col < kOpClasses; ++col) {
-    std::size_t piv = col;
-    for (std::size_t r = col + 1; r < kOpClasses; ++r)
-      if (std::fabs(m[r][col]) > std::fabs(m[piv][col])) piv = r;
-    std::swap(m[col], m[piv]);
-    for (std::size_t r = 0; r < kOpClasses; ++r) {
-      if (r == col || m[col][col] == 0) continue;
-      const double f = m[r][col] / m[col][col];
-      for (std::size_t k = col; k <= kOpClasses; ++k) m[r][k] -= f * m[col][k];
+  for (int sweep = 0; sweep < 500; ++sweep) {
+    double moved = 0;
+    for (std::size_t i = 0; i < kOpClasses; ++i) {
+      double g = r[i];
+      for (std::size_t j = 0; j < kOpClasses; ++j)
+        if (j != i) g -= q[i][j] * x[j];
+      const double next = std::clamp(g / q[i][i], lo[i], hi[i]);
+      moved = std::max(moved, std::fabs(next - x[i]) / x[i]);
+      x[i] = next;
     }
+    if (moved < 1e-10) break;
   }
   std::array<double, kOpClasses> eff = prior_;
-  for (std::size_t c = 0; c < kOpClasses; ++c) {
-    if (seen_[c] == 0 || m[c][c] == 0) continue;  // never measured: keep the prior
-    const double x = m[c][kOpClasses] / m[c][c];
-    eff[c] = x > 0 ? std::clamp(1.0 / x, 0.02, 1.0) : prior_[c];
-  }
+  for (std::size_t c = 0; c < kOpClasses; ++c)
+    if (seen_[c] > 0) eff[c] = 1.0 / x[c];
   return eff;
 }
 
