@@ -336,3 +336,25 @@ TEST_CASE("cost model: decode GEMMs of few tiles leave compute units idle when t
   for (int tp : {1, 2, 4, 8}) CHECK(decode(with, {tp, 1, 1}) >= decode(without, {tp, 1, 1}));
 }
 
+TEST_CASE("cost model: an expert's GEMM with few rows pays for its padded tile") {
+  // Qwen3-30B-A3B: 128 experts, 8 a token. A sequence of 1,124 tokens gives an expert
+  // about 70 rows, padded to two tiles of 64 (1.82x); one of 8,192 gives it 512, exactly
+  // eight tiles. Per token, the short sequence's expert work costs 1.82x more.
+  const JobSpec job = parse_job(R"({"algorithm":"grpo","models":{"actor":"qwen3-30b-a3b","reference":"qwen3-30b-a3b","reward":"rule"},
+      "prompts_per_step":64,"samples_per_prompt":8,"prompt_len":1024,"max_response_len":8192})", "moe-job");
+  const CostModel model(load_cluster("paper-cluster-3-h200"));
+  ModelStage infer = model_stages(job)[0];
+  for (const ModelStage& s : model_stages(job))
+    if (s.kind == StageKind::infer) infer = s;
+  REQUIRE(infer.kind == StageKind::infer);
+  auto per_token = [&](double response) {
+    const Workload w = Workload::of(job, response, response);
+    const double tokens = static_cast<double>(w.sequences) * (w.prompt_len + response);
+    return model.work(infer, {1, 1, 1}, w).ideal[static_cast<std::size_t>(OpClass::expert)] / tokens;
+  };
+  CHECK(per_token(100) / per_token(8192 - 1024) == doctest::Approx(128.0 / (1124.0 * 8 / 128)).epsilon(0.01));
+  // A dense model's work has no expert class to pad.
+  const JobSpec dense = load_job("ppo-llama-3.1-8b");
+  CHECK(model.work(model_stages(dense)[1], {1, 1, 1}, Workload::of(dense, 100, 100)).ideal[static_cast<std::size_t>(OpClass::expert)] == 0);
+}
+

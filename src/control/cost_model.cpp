@@ -75,6 +75,7 @@ constexpr std::uint64_t kOverhead = 2ull << 30;
 constexpr double kLaunch = 1e-6;          // ideal seconds per kernel launch (the launch class learns the rest)
 constexpr double kHostStep = 1e-4;        // ideal host seconds per decode iteration (the host class learns the rest)
 constexpr double kKernelsPerLayer = 12;   // a transformer layer's forward: norms, projections, attention, all-reduces
+constexpr double kExpertTileRows = 64;   // rows of a grouped-GEMM tile (MoE expert kernels)
 constexpr double kMaxRunning = 256;       // sequences a generation engine decodes at once (vLLM's max_num_seqs)
 
 /// What the formulas need of a model. Mixture-of-experts models (sharding.md): Ls of the
@@ -228,6 +229,15 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
   // class learns the routing imbalance.
   const double gemm_flops = 2.0 * m.linear();  // per token
   const double expert_flops = 2.0 * m.expert_linear();
+  // An expert's GEMM has as many rows as tokens routed to it at once: a micro-batch's
+  // tokens over all ep attention replicas, times k choices, over E experts. Grouped-GEMM
+  // kernels compute rows in tiles of 64, so few rows per expert (decoding, short
+  // sequences) pay for the padded tile.
+  auto expert_padding = [&](double tokens) {
+    if (m.Ls == 0) return 1.0;
+    const double rows = std::max(1e-9, tokens * c.ep * m.k / m.E);
+    return std::ceil(rows / kExpertTileRows) * kExpertTileRows / rows;
+  };
   auto attention_flops = [&](double t) { return 2.0 * m.L * m.nh * m.hd * t * t; };  // per sequence
   auto bubble = [&](double micro) { return (micro + c.pp - 1) / std::max(1.0, micro); };
 
@@ -235,7 +245,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
     case StageKind::generate: {
       const double micro = std::min(B, 4.0 * c.pp);
       add(OpClass::gemm, gemm_flops * B * P / unit / peak * bubble(micro));
-      add(OpClass::expert, expert_flops * B * P / unit / peak * bubble(micro));
+      add(OpClass::expert, expert_flops * B * P / unit / peak * bubble(micro) * expert_padding(B * P / micro / c.ep));
       add(OpClass::attention, attention_flops(P) * B / unit / peak * bubble(micro));
       tp_allreduce(stage_layers * 2 * (micro + c.pp - 1), B * P * H * act / micro / c.ep);
       dispatch(micro + c.pp - 1, B * P / micro);
@@ -255,7 +265,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       const double iterations = std::max(w.response_len_p95, B / c.ep * R / kMaxRunning);
       const double bytes = iterations * weights + B / c.ep * kv_per_token * (P * R + R * R / 2) / c.pp;
       const double flops = decode_gemm_flops(m, c, k, std::min(B / c.ep, kMaxRunning) / c.pp) * B / c.ep * R / c.pp +
-                           expert_flops * B * R / unit + attention_flops(T) * B / unit;
+                           expert_flops * B * R / unit * expert_padding(std::min(B / c.ep, kMaxRunning) / c.pp) + attention_flops(T) * B / unit;
       add(OpClass::decode, std::max(bytes / hbm, flops / peak));
       tp_allreduce(iterations * m.L * 2, std::min(B / c.ep, kMaxRunning) * H * act);
       dispatch(iterations * c.pp, std::min(B / c.ep, kMaxRunning) * c.ep / c.pp);
@@ -267,7 +277,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
     case StageKind::infer: {
       const double micro = B;  // one sequence per micro-batch
       add(OpClass::gemm, gemm_flops * B * T / unit / peak * bubble(micro));
-      add(OpClass::expert, expert_flops * B * T / unit / peak * bubble(micro));
+      add(OpClass::expert, expert_flops * B * T / unit / peak * bubble(micro) * expert_padding(T));
       add(OpClass::attention, attention_flops(T) * B / unit / peak * bubble(micro));
       tp_allreduce(stage_layers * 2 * (micro + c.pp - 1) / c.ep, T * H * act);
       dispatch((micro + c.pp - 1) / c.ep, T * c.ep);
@@ -279,7 +289,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       const double passes = c.recompute ? 4.0 : 3.0;
       const double micro = B;
       add(OpClass::gemm, passes * gemm_flops * B * T / unit / peak * bubble(micro));
-      add(OpClass::expert, passes * expert_flops * B * T / unit / peak * bubble(micro));
+      add(OpClass::expert, passes * expert_flops * B * T / unit / peak * bubble(micro) * expert_padding(T));
       add(OpClass::attention, passes * attention_flops(T) * B / unit / peak * bubble(micro));
       tp_allreduce((c.recompute ? 3 : 2) * stage_layers * 2 * (micro + c.pp - 1) / c.ep, T * H * act);
       dispatch((c.recompute ? 3 : 2) * (micro + c.pp - 1) / c.ep, T * c.ep);
