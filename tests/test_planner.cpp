@@ -207,6 +207,38 @@ TEST_CASE("calibrator: efficiencies stay within (0, 1] inside the fit, and the o
   }
 }
 
+TEST_CASE("calibrator: a configuration measured a thousand times weighs as much as one measured once") {
+  // A plan that runs for a thousand steps must not drown the profile of the others: the
+  // fit takes each configuration's mean. A (gemm and attention) disagrees with B (gemm
+  // alone) and C (attention alone), as a model error would make it.
+  auto measurement = [](double gemm, double attention, double seconds, std::string config) {
+    Measurement m;
+    m.work.ideal[static_cast<std::size_t>(OpClass::gemm)] = gemm;
+    m.work.ideal[static_cast<std::size_t>(OpClass::attention)] = attention;
+    m.seconds = seconds;
+    m.config = std::move(config);
+    return m;
+  };
+  Calibrator once(conservative_efficiency(), 1e-9), often(conservative_efficiency(), 1e-9),
+      anonymous(conservative_efficiency(), 1e-9);
+  once.add(measurement(1, 1, 5, "A"));
+  for (int i = 0; i < 1000; ++i) {
+    often.add(measurement(1, 1, 5, "A"));
+    anonymous.add(measurement(1, 1, 5, ""));
+  }
+  for (Calibrator* c : {&once, &often, &anonymous}) {
+    c->add(measurement(1, 0, 2, "B"));
+    c->add(measurement(0, 1, 2, "C"));
+  }
+  for (std::size_t k : {static_cast<std::size_t>(OpClass::gemm), static_cast<std::size_t>(OpClass::attention)}) {
+    CHECK(often.efficiency()[k] == doctest::Approx(once.efficiency()[k]));
+    // Without a configuration, each measurement is its own: A's thousand copies win.
+    CHECK(anonymous.efficiency()[k] == doctest::Approx(0.4).epsilon(0.01));
+    CHECK(once.efficiency()[k] > 0.42);
+  }
+  CHECK(often.measurements() == 1002);
+}
+
 TEST_CASE("controller: the first measured peak sets the memory scale; later ones raise it at once, lower it slowly") {
   const JobSpec job = load_job("ppo-tiny");
   Controller ctl(job, load_cluster("h200-node"));

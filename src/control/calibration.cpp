@@ -19,10 +19,12 @@ void Calibrator::add(const Measurement& m) {
     a[c] = m.work.ideal[c] / m.seconds;  // relative: each row predicts 1
     if (m.work.ideal[c] > 0) ++seen_[c];
   }
+  Sums& sum = sums_[m.config.empty() ? "\x01" + std::to_string(anonymous_++) : m.config];
   for (std::size_t i = 0; i < kOpClasses; ++i) {
-    atb_[i] += a[i];
-    for (std::size_t j = 0; j < kOpClasses; ++j) ata_[i][j] += a[i] * a[j];
+    sum.atb[i] += a[i];
+    for (std::size_t j = 0; j < kOpClasses; ++j) sum.ata[i][j] += a[i] * a[j];
   }
+  sum.n += 1;
   ++count_;
 }
 
@@ -41,9 +43,14 @@ std::array<double, kOpClasses> Calibrator::efficiency() const {
   // since the matrix is positive definite (the ridge term makes it so).
   std::array<std::array<double, kOpClasses>, kOpClasses> q{};
   std::array<double, kOpClasses> r{}, x{}, lo{}, hi{};
+  for (const auto& [config, sum] : sums_)
+    for (std::size_t i = 0; i < kOpClasses; ++i) {
+      r[i] += sum.atb[i] / sum.n;
+      for (std::size_t j = 0; j < kOpClasses; ++j) q[i][j] += sum.ata[i][j] / sum.n;
+    }
   for (std::size_t i = 0; i < kOpClasses; ++i) {
-    for (std::size_t j = 0; j < kOpClasses; ++j) q[i][j] = ata_[i][j] + (i == j ? prior_weight_ : 0);
-    r[i] = atb_[i] + prior_weight_ / prior_[i];
+    q[i][i] += prior_weight_;
+    r[i] += prior_weight_ / prior_[i];
     lo[i] = 1.0;
     hi[i] = 1.0 / kMinEfficiency;
     x[i] = std::clamp(1.0 / prior_[i], lo[i], hi[i]);

@@ -65,7 +65,7 @@ GlobalPlan Controller::initial(const Signals& s) {
 }
 
 void Controller::measure(const ModelStage& stage, const Candidate& c, const Workload& w, double seconds) {
-  calibrator_.add({model_.work(stage, c, w), seconds});
+  calibrator_.add({model_.work(stage, c, w), seconds, stage.name() + " " + to_string(c.layout()) + ",dp=" + std::to_string(c.dp) + (c.recompute ? ",recompute" : "")});
   model_.set_efficiency(calibrator_.efficiency());
 }
 

@@ -7,6 +7,8 @@
 // which its class took all the time.
 #include <array>
 #include <cstddef>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "nereus/control/cost_model.hpp"
@@ -17,6 +19,10 @@ namespace nereus {
 struct Measurement {
   StageOps work;
   double seconds = 0;
+  /// What ran (a model-stage and its layout): measurements of one configuration weigh as
+  /// much together as one of another, so that a plan that runs for a thousand steps does
+  /// not drown the profile of the others. Empty: a configuration of its own.
+  std::string config;
 };
 
 /// Mean and largest absolute percentage error of predictions.
@@ -43,9 +49,15 @@ class Calibrator {
  private:
   std::array<double, kOpClasses> prior_;
   double prior_weight_;
-  // Normal equations of min Σ ((work · x − t) / t)² + w Σ (x_c − 1/prior_c)², x_c = 1/eff_c.
-  std::array<std::array<double, kOpClasses>, kOpClasses> ata_{};
-  std::array<double, kOpClasses> atb_{};
+  // Normal equations of min Σ_config mean over its measurements of ((work · x − t) / t)²
+  // + w Σ (x_c − 1/prior_c)², x_c = 1/eff_c, accumulated per configuration.
+  struct Sums {
+    std::array<std::array<double, kOpClasses>, kOpClasses> ata{};
+    std::array<double, kOpClasses> atb{};
+    double n = 0;
+  };
+  std::map<std::string, Sums> sums_;
+  std::size_t anonymous_ = 0;  // measurements without a config, each a configuration of its own
   std::array<std::size_t, kOpClasses> seen_{};
   std::size_t count_ = 0;
 };
