@@ -12,6 +12,7 @@
 #include "nccl_bootstrap.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 #include "nereus/core/stage_state.hpp"
 
 namespace nereus::cluster::detail {
@@ -104,6 +105,7 @@ asio::awaitable<bool> JobDriver::admit(const NodeAddress& n) {
 }
 
 void JobDriver::lose(Session& s, const std::string& why) {
+  log(LogLevel::debug, "job", "node {} lost to the job: {}", s.rank, why);
   s.alive = false;
   s.lost = why;
   s.lost_at = clock::now();
@@ -189,6 +191,7 @@ asio::awaitable<Envelope> JobDriver::call(int rank, const Body& body, const char
   p.timer.expires_after(limit);
   s.pending[id] = &p;
   const Envelope e{kProtocolVersion, id, static_cast<std::uint32_t>(limit.count()), body};
+  log(LogLevel::debug, "job", "{} to node {} (request {})", what, rank, id);
   std::string send_error;
   try {
     co_await s.ch->send(e);
@@ -205,6 +208,7 @@ asio::awaitable<Envelope> JobDriver::call(int rank, const Body& body, const char
     }
   }
   s.pending.erase(id);
+  log(LogLevel::debug, "job", "{} to node {} (request {}): {}", what, rank, id, p.reply ? "answered" : s.alive ? "no answer" : "node lost");
   const std::string who = "node " + std::to_string(rank);
   if (p.reply) {
     if (auto* f = std::get_if<Failed>(&p.reply->body)) throw Error(who + ": " + f->error);

@@ -12,6 +12,7 @@
 
 #include "job_graph_run.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/control/controller.hpp"
 #include "nereus/core/bytes.hpp"
@@ -195,6 +196,7 @@ class JobLife {
   /// A phase of the job: `name` on the timeline; `kind` is what a failure during it says
   /// (connect, load, idle (no graph runs: the stages' work), transition, recovery, verify).
   void begin(const std::string& name, const char* kind) {
+    log(LogLevel::debug, "job", "{} begins ({})", name, kind);
     phase_ = name;
     kind_ = kind;
     phase_start_ = clock::now();
@@ -202,6 +204,7 @@ class JobLife {
     if (timeline_) phase_at_ = timeline_->now();
   }
   void end() {
+    log(LogLevel::debug, "job", "{} ends", phase_);
     phase_end_ = clock::now();
     if (timeline_) timeline_->phase(phase_, phase_at_, timeline_->now());
   }
