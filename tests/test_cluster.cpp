@@ -10,6 +10,7 @@
 
 #include <map>
 #include <random>
+#include <thread>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -269,6 +270,68 @@ TEST_CASE("frame tags: per direction and connection, bound to the sequence numbe
     other[i] ^= 1;
     CHECK(tag != frame_tag(k.client_to_server, 3, other));
   }
+}
+
+TEST_CASE("a sender cancelled while in line leaves it: the senders behind it still send, whole frames in order") {
+  // A graph that aborts cancels its calls; one waiting for its turn to write must neither
+  // write over the sender that has the turn nor strand those behind it (a job hung so).
+  namespace a = boost::asio;
+  a::io_context io;
+  tcp::acceptor acc(io, tcp::endpoint(a::ip::make_address("127.0.0.1"), 0));
+  tcp::socket client(io);
+  client.connect(acc.local_endpoint());
+  tcp::socket reader = acc.accept();
+  Channel ch(std::move(client));
+  ch.set_peer("peer");
+  // A's frame outgrows the socket buffers, so A holds the turn until the reader reads.
+  const Envelope big{kProtocolVersion, 1, 0, JobOpen{std::string(16u << 20, 'x'), 1, -1, -1, {}, {}}};
+  const Envelope b{kProtocolVersion, 2, 0, Heartbeat{2, {}}}, c{kProtocolVersion, 3, 0, Heartbeat{3, {}}};
+  std::string a_error = "pending", b_error = "pending", c_error = "pending";
+  auto sender = [&](const Envelope& e, std::string& out) -> a::awaitable<void> {
+    try {
+      co_await ch.send(e);
+      out.clear();
+    } catch (const std::exception& x) {
+      out = x.what();
+    }
+  };
+  a::cancellation_signal cancel_b;
+  a::co_spawn(io, sender(big, a_error), a::detached);
+  a::co_spawn(io, sender(b, b_error), a::bind_cancellation_slot(cancel_b.slot(), a::detached));
+  a::co_spawn(io, sender(c, c_error), a::detached);
+  for (int i = 0; i < 50; ++i) io.poll();
+  CHECK(a_error == "pending");  // A writes; B and C wait in line
+  CHECK(b_error == "pending");
+  cancel_b.emit(a::cancellation_type::terminal);
+  for (int i = 0; i < 50; ++i) io.poll();
+  CHECK(b_error.find("cancelled") != std::string::npos);
+  CHECK(c_error == "pending");  // still behind A
+  // The reader takes every byte: A's frame whole, then C's, and nothing of B's.
+  std::vector<std::uint64_t> ids;
+  Bytes got;
+  std::thread drain([&] {
+    std::vector<std::uint8_t> buf(1 << 16);
+    boost::system::error_code ec;
+    for (;;) {
+      const std::size_t n = reader.read_some(a::buffer(buf), ec);
+      if (ec) break;
+      got.insert(got.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+  });
+  for (int i = 0; i < 2000 && !c_error.empty(); ++i) io.run_for(std::chrono::milliseconds(5));
+  CHECK(a_error.empty());
+  CHECK(c_error.empty());
+  ch.close();
+  drain.join();
+  for (std::size_t at = 0; at + 4 <= got.size();) {
+    const std::uint32_t n = std::uint32_t(got[at]) | std::uint32_t(got[at + 1]) << 8 | std::uint32_t(got[at + 2]) << 16 |
+                            std::uint32_t(got[at + 3]) << 24;
+    REQUIRE(at + 4 + n <= got.size());
+    // A's frame is told by its size; the small ones by their request id.
+    ids.push_back(n > (16u << 20) ? 1 : decode_body(std::span<const std::uint8_t>(got.data() + at + 4, n)).request_id);
+    at += 4 + n;
+  }
+  CHECK(ids == std::vector<std::uint64_t>{1, 3});
 }
 
 TEST_CASE("a protected channel takes well-tagged frames in order and drops the connection on any other") {

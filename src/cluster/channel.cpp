@@ -19,9 +19,16 @@ void Channel::protect(Bytes send_key, Bytes receive_key) {
 asio::awaitable<void> Channel::send(const Envelope& e) {
   Bytes frame = encode_frame(e);
   if (writing_) {  // wait in line; the sender before us hands the turn over
-    auto turn = std::make_shared<asio::steady_timer>(socket_.get_executor(), asio::steady_timer::time_point::max());
+    auto turn = std::make_shared<Turn>(socket_.get_executor());
     waiting_.push_back(turn);
-    co_await turn->async_wait(asio::as_tuple(asio::use_awaitable));
+    co_await turn->timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (!turn->given) {
+      // Cancelled in line (a graph aborted, a job stopping): leave the line and write
+      // nothing. Writing anyway would interleave with the sender that has the turn, and
+      // leaving our place in the line would strand everyone behind it (a job that hung).
+      std::erase(waiting_, turn);
+      throw Error("sending " + std::string(kind_name(e.body)) + " to " + peer_ + " was cancelled");
+    }
   }
   writing_ = true;
   if (is_protected()) {  // tagged in the order frames go out: our turn is that order
@@ -34,7 +41,8 @@ asio::awaitable<void> Channel::send(const Envelope& e) {
   if (waiting_.empty()) {
     writing_ = false;
   } else {
-    waiting_.front()->cancel();
+    waiting_.front()->given = true;
+    waiting_.front()->timer.cancel();
     waiting_.pop_front();
   }
   if (ec) throw Error("sending " + std::string(kind_name(e.body)) + " to " + peer_ + " failed: " + ec.message());

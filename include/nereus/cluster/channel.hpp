@@ -52,7 +52,14 @@ class Channel {
   std::uint64_t next_request_ = 1;
   std::string peer_;
   bool writing_ = false;
-  std::deque<std::shared_ptr<asio::steady_timer>> waiting_;  // senders in line, woken in order
+  /// A sender in line: woken by the one before it handing over (`given`), or by its own
+  /// cancellation, after which it leaves the line without writing.
+  struct Turn {
+    explicit Turn(const asio::any_io_executor& ex) : timer(ex, asio::steady_timer::time_point::max()) {}
+    asio::steady_timer timer;
+    bool given = false;
+  };
+  std::deque<std::shared_ptr<Turn>> waiting_;  // senders in line, woken in order
   Bytes send_key_, receive_key_;  // empty until protect()
   std::uint64_t sent_ = 0, received_ = 0;  // tagged frames so far, per direction
 };
