@@ -29,7 +29,7 @@ void Calibrator::add(const Measurement& m) {
 }
 
 std::array<double, kOpClasses> Calibrator::efficiency() const {
-  // Minimise Σ ((work · x − t) / t)² + w Σ (x_c − 1/prior_c)² over x_c = 1/eff_c with each
+  // Minimise Σ_config mean((work · x − t) / t)² + w Σ (x_c − 1/prior_c)² over x_c = 1/eff_c with each
   // efficiency in [kMinEfficiency, 1]: no kernel beats its peak. The bounds are part of
   // the fit, not a clamp after it: an unbounded solution puts one class above its peak
   // (or below zero) to make up for another's error, and clamping that class afterwards

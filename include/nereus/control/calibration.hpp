@@ -1,10 +1,11 @@
 #pragma once
 // Online calibration of the cost model: one efficiency per op class, fitted to measured
 // stage times. A measurement is a stage's time and the cost model's ideal seconds per op
-// class for that stage; the fit minimises relative error over all measurements so far,
-// pulled gently toward the conservative prior so that a class seen rarely (or never)
-// stays where it started. The prior weighs as much as `prior_weight` measurements in
-// which its class took all the time.
+// class for that stage; the fit minimises relative error over the configurations measured
+// so far (each one's mean over its measurements), with every efficiency in [0.02, 1], pulled
+// gently toward the conservative prior so that a class seen rarely (or never) stays where
+// it started. The prior weighs as much as `prior_weight` configurations in which its class
+// took all the time.
 #include <array>
 #include <cstddef>
 #include <map>
