@@ -6,10 +6,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
 
 #include "nereus/core/cluster.hpp"
 #include "nereus/core/emu.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/trace_events.hpp"
 #include "nereus/core/fill.hpp"
 #include "nereus/core/job.hpp"
 #include "nereus/core/layout.hpp"
@@ -430,4 +433,24 @@ TEST_CASE("fused packing stacks local experts: w13 = [gate; up] per expert, w2 p
   CHECK(buffer_name(*m, gate4.buffer, Packing::fused) == "model.layers.1.mlp.experts.w13_weight");
   CHECK(buffer_name(*m, down5.buffer, Packing::fused) == "model.layers.1.mlp.experts.w2_weight");
   CHECK(buffer_name(*m, *m->find(TensorKind::router, 1), Packing::fused) == "model.layers.1.mlp.gate.weight");
+}
+
+TEST_CASE("trace events: microseconds to the nanosecond, no rounding dust below zero, overlapping events on lanes") {
+  TraceEvents t;
+  t.process(1, "devices");
+  // A start computed as a − offset − origin can land a hair below the origin.
+  const double a = 0.1, offset = 0.7, origin = a - offset;
+  t.complete(1, "device 0", "first", (a - offset) - origin - 1.7e-21, 200e-6);
+  t.complete(1, "device 0", "beside", 100e-6, 200e-6);  // overlaps the first: another lane
+  t.instant(1, "device 0", "mark", 1.2345678912e-3);
+  const nlohmann::json j = nlohmann::json::parse(t.dump());
+  std::map<std::string, nlohmann::json> e;  // the events by name (lanes add metadata events)
+  for (const auto& x : j["traceEvents"])
+    if (x["ph"] != "M") e[x["name"].get<std::string>()] = x;
+  REQUIRE(e.size() == 3);
+  CHECK(e["first"]["ts"].get<double>() == 0.0);
+  CHECK_FALSE(std::signbit(e["first"]["ts"].get<double>()));
+  CHECK(e["first"]["dur"].get<double>() == doctest::Approx(200.0));
+  CHECK(e["beside"]["tid"] != e["first"]["tid"]);
+  CHECK(e["mark"]["ts"].get<double>() == doctest::Approx(1234.568));
 }

@@ -1,5 +1,7 @@
 #include "nereus/base/trace_events.hpp"
 
+#include <cmath>
+
 namespace nereus {
 
 void TraceEvents::process(int pid, const std::string& name) {
@@ -23,15 +25,22 @@ int TraceEvents::lane(int pid, const std::string& track, double start, double en
   return tid;
 }
 
+namespace {
+/// Microseconds, rounded to the nanosecond: no clock here resolves finer, and times that
+/// went through clock offsets (a − offset − origin) would otherwise leave rounding dust
+/// such as −1.7e-15 µs on an event that starts at the origin. (+ 0.0 turns −0 into 0.)
+double micros(double seconds) { return std::round(seconds * 1e9) / 1e3 + 0.0; }
+}  // namespace
+
 void TraceEvents::complete(int pid, const std::string& track, const std::string& name, double start_seconds, double seconds,
                            nlohmann::json args) {
-  const double ts = start_seconds * 1e6, dur = std::max(0.0, seconds) * 1e6;
+  const double ts = micros(start_seconds), dur = micros(std::max(0.0, seconds));
   const int tid = lane(pid, track, ts, ts + dur);
   events_.push_back({{"ph", "X"}, {"pid", pid}, {"tid", tid}, {"name", name}, {"ts", ts}, {"dur", dur}, {"args", std::move(args)}});
 }
 
 void TraceEvents::instant(int pid, const std::string& track, const std::string& name, double at_seconds, nlohmann::json args) {
-  const double ts = at_seconds * 1e6;
+  const double ts = micros(at_seconds);
   const int tid = lane(pid, track, ts, ts);
   events_.push_back({{"ph", "i"}, {"s", "t"}, {"pid", pid}, {"tid", tid}, {"name", name}, {"ts", ts}, {"args", std::move(args)}});
 }
