@@ -17,9 +17,11 @@
 // own class, whose efficiency absorbs the busiest GPU's extra routed load; memory counts
 // every expert (the fullest of tp·ep/etp groups per GPU); each of the ep attention
 // replicas runs its share of the sequences (its own KV cache and decode batch); a sparse
-// layer dispatches and combines tokens all-to-all between expert groups (alltoall class),
-// inside a node when a stage's tp·ep GPUs fit in one; experts' gradients reduce over DP,
-// the rest over ep·dp.
+// layer dispatches and combines tokens all-to-all between expert groups (alltoall_intra
+// when a stage's tp·ep GPUs fit in one node, else alltoall_inter: NVLink and the NICs
+// reach different shares of their bandwidth); experts' gradients reduce over DP, the rest
+// over ep·dp. The replicas pipeline their own sequences side by side, so pipeline hops
+// and TP all-reduces count one replica's micro-batches and bytes.
 #include "nereus/control/cost_model.hpp"
 
 #include <algorithm>
@@ -41,7 +43,11 @@ std::string_view to_string(OpClass c) {
     case OpClass::launch: return "launch";
     case OpClass::host: return "host";
     case OpClass::expert: return "expert";
-    case OpClass::alltoall: return "alltoall";
+    case OpClass::alltoall_intra: return "alltoall_intra";
+    case OpClass::alltoall_inter: return "alltoall_inter";
+    case OpClass::graph_launch: return "graph_launch";
+    case OpClass::latency_intra: return "latency_intra";
+    case OpClass::latency_inter: return "latency_inter";
   }
   return "?";
 }
@@ -64,7 +70,7 @@ double StageOps::seconds(const std::array<double, kOpClasses>& efficiency) const
 
 std::array<double, kOpClasses> conservative_efficiency() {
   // Below what tuned kernels reach, so that an unmeasured class is not chosen on hope.
-  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25, 0.25, 0.25, 0.25, 0.25};
+  return {0.35, 0.25, 0.35, 0.35, 0.25, 0.35, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25};
 }
 
 namespace {
@@ -199,12 +205,14 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
 
   StageOps out;
   auto add = [&](OpClass cls, double s) { out.ideal[static_cast<std::size_t>(cls)] += s; };
-  // Fixed latencies of collectives and hops go to the launch class with the kernel
-  // launches: per-operation overheads learn one efficiency, bandwidth another.
+  // Fixed latencies of collectives and hops have classes of their own, apart from their
+  // bytes and from kernel launches: a link's per-message cost and its bandwidth, and a
+  // NIC's and NVLink's, are learned separately.
+  auto latency = [](bool inside) { return inside ? OpClass::latency_intra : OpClass::latency_inter; };
   auto tp_allreduce = [&](double count, double bytes) {
     if (c.tp > 1) {
       add(tp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter, count * allreduce(bytes, c.tp, tp_inside ? intra : inter));
-      add(OpClass::launch, count * ring_steps(c.tp) * (tp_inside ? kIntraLatency : kInterLatency));
+      add(latency(tp_inside), count * ring_steps(c.tp) * (tp_inside ? kIntraLatency : kInterLatency));
     }
   };
   // A pipeline of m micro-batches sends between its stages at once, so its hops add up
@@ -212,7 +220,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
   auto pp_hops = [&](double micro, double count, double bytes) {
     if (c.pp > 1) {
       add(pp_inside ? OpClass::p2p_intra : OpClass::p2p_inter, count * (micro + c.pp - 1) * bytes / (pp_inside ? intra : inter));
-      add(OpClass::launch, count * (micro + c.pp - 1) * (pp_inside ? kIntraLatency : kInterLatency));
+      add(latency(pp_inside), count * (micro + c.pp - 1) * (pp_inside ? kIntraLatency : kInterLatency));
     }
   };
   auto launches = [&](double kernels) { add(OpClass::launch, kernels * kLaunch); };
@@ -221,8 +229,8 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
   auto dispatch = [&](double count, double tokens) {
     if (m.Ls == 0 || groups <= 1) return;
     const double bytes = 2 * tokens / (c.tp * c.ep) * m.k * H * act * (groups - 1) / groups;
-    add(OpClass::alltoall, count * m.Ls / c.pp * bytes / (ep_inside ? intra : inter));
-    add(OpClass::launch, count * m.Ls / c.pp * 2 * (groups - 1) * (ep_inside ? kIntraLatency : kInterLatency));
+    add(ep_inside ? OpClass::alltoall_intra : OpClass::alltoall_inter, count * m.Ls / c.pp * bytes / (ep_inside ? intra : inter));
+    add(latency(ep_inside), count * m.Ls / c.pp * 2 * (groups - 1) * (ep_inside ? kIntraLatency : kInterLatency));
   };
   const double stage_layers = std::ceil(m.L / c.pp);
   // Forward FLOPs of n sequences of t tokens; attention is causal. Experts apart: their
@@ -249,7 +257,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       add(OpClass::attention, attention_flops(P) * B / unit / peak * bubble(micro));
       tp_allreduce(stage_layers * 2 * (micro + c.pp - 1), B * P * H * act / micro / c.ep);
       dispatch(micro + c.pp - 1, B * P / micro);
-      pp_hops(micro, 1, B * P * H * act / micro);
+      pp_hops(micro, 1, B * P * H * act / micro / c.ep);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer);
       // Decoding: per step every GPU of a tensor group reads its weights and KV cache; a
       // token crosses the pipeline stages one after the other.
@@ -269,30 +277,30 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       add(OpClass::decode, std::max(bytes / hbm, flops / peak));
       tp_allreduce(iterations * m.L * 2, std::min(B / c.ep, kMaxRunning) * H * act);
       dispatch(iterations * c.pp, std::min(B / c.ep, kMaxRunning) * c.ep / c.pp);
-      pp_hops(0, iterations, std::min(B, kMaxRunning) * H * act);
-      launches(iterations * m.L * kKernelsPerLayer);
+      pp_hops(0, iterations, std::min(B / c.ep, kMaxRunning) * H * act);
+      add(OpClass::graph_launch, iterations * m.L * kKernelsPerLayer * kLaunch);
       add(OpClass::host, iterations * kHostStep);
       break;
     }
     case StageKind::infer: {
-      const double micro = B;  // one sequence per micro-batch
+      const double micro = B / c.ep;  // a replica's sequences, one per micro-batch
       add(OpClass::gemm, gemm_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::expert, expert_flops * B * T / unit / peak * bubble(micro) * expert_padding(T));
       add(OpClass::attention, attention_flops(T) * B / unit / peak * bubble(micro));
-      tp_allreduce(stage_layers * 2 * (micro + c.pp - 1) / c.ep, T * H * act);
-      dispatch((micro + c.pp - 1) / c.ep, T * c.ep);
+      tp_allreduce(stage_layers * 2 * (micro + c.pp - 1), T * H * act);
+      dispatch(micro + c.pp - 1, T * c.ep);
       pp_hops(micro, 1, T * H * act);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer);
       break;
     }
     case StageKind::train: {
       const double passes = c.recompute ? 4.0 : 3.0;
-      const double micro = B;
+      const double micro = B / c.ep;
       add(OpClass::gemm, passes * gemm_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::expert, passes * expert_flops * B * T / unit / peak * bubble(micro) * expert_padding(T));
       add(OpClass::attention, passes * attention_flops(T) * B / unit / peak * bubble(micro));
-      tp_allreduce((c.recompute ? 3 : 2) * stage_layers * 2 * (micro + c.pp - 1) / c.ep, T * H * act);
-      dispatch((c.recompute ? 3 : 2) * (micro + c.pp - 1) / c.ep, T * c.ep);
+      tp_allreduce((c.recompute ? 3 : 2) * stage_layers * 2 * (micro + c.pp - 1), T * H * act);
+      dispatch((c.recompute ? 3 : 2) * (micro + c.pp - 1), T * c.ep);
       pp_hops(micro, 2, T * H * act);
       launches((micro + c.pp - 1) * stage_layers * kKernelsPerLayer * passes);
       // Gradients: the experts' reduce over DP, everything else (replicated over the ep
@@ -302,7 +310,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       for (auto [bytes, n] : {std::pair{other_grads, c.dp * c.ep}, std::pair{expert_grads, c.dp}})
         if (n > 1 && bytes > 0) {
           add(dp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter, allreduce(bytes, n, dp_inside ? intra : inter));
-          add(OpClass::launch, ring_steps(n) * (dp_inside ? kIntraLatency : kInterLatency));
+          add(latency(dp_inside), ring_steps(n) * (dp_inside ? kIntraLatency : kInterLatency));
         }
       // Adam: read and write params, grads, master weights and both moments.
       add(OpClass::decode, m.gpu_params(c) / c.pp * 2 * 16 / hbm);

@@ -33,12 +33,16 @@ enum class OpClass : std::uint8_t {
   allreduce_inter,  ///< all-reduce across nodes
   p2p_intra,        ///< pipeline sends inside a node
   p2p_inter,        ///< pipeline sends across nodes
-  launch,           ///< kernel launches: a microsecond each at efficiency 1
+  launch,           ///< kernels launched one by one (eager: prefill, inference, training): a microsecond each at efficiency 1
   host,             ///< a generation engine's host work per decode iteration (scheduling, sampling): 0.1 ms at efficiency 1
   expert,           ///< MoE expert GEMMs: its efficiency also learns the busiest GPU's extra load (routing imbalance)
-  alltoall,         ///< MoE token dispatch and combine between expert groups, inside or across nodes
+  alltoall_intra,   ///< MoE token dispatch and combine between expert groups inside a node
+  alltoall_inter,   ///< the same across nodes (NICs: another efficiency than NVLink's)
+  graph_launch,     ///< decode kernels replayed from a captured CUDA graph: a microsecond each at efficiency 1
+  latency_intra,    ///< fixed latency of a collective's ring step, a pipeline hop or an all-to-all peer inside a node
+  latency_inter,    ///< the same across nodes
 };
-inline constexpr std::size_t kOpClasses = 11;
+inline constexpr std::size_t kOpClasses = 15;
 std::string_view to_string(OpClass c);
 
 /// Seconds a candidate would take at the peak rate of each class (FLOPs at bf16 peak,
