@@ -164,6 +164,22 @@ TEST_CASE("controller: static keeps the first step's TP/PP; static-max plans for
     CHECK(spec.layout.tp == p.find(name)->layout.tp);
     CHECK(spec.layout.pp == p.find(name)->layout.pp);
   }
+  // A kept unit larger than the pool cannot stay whole: static plans again for the first
+  // step's signals on the GPUs present, never leaving a unit outside the pool.
+  std::vector<PlannedStage> big;
+  for (const auto& [name, spec] : p.stages)
+    big.push_back({name, {spec.layout.tp, spec.layout.pp, spec.dp, false, spec.layout.ep, spec.layout.etp}, 0, {}});
+  for (PlannedStage& s : big)
+    if (s.model_stage == "actor/train") s.candidate = {8, 4, 1};  // 32 GPUs a unit
+  const GlobalPlan wide = place(job, big);
+  Controller kept(job, load_cluster("paper-cluster-2-a100"), a);
+  REQUIRE(plan_text(kept.initial(first)) == plan_text(p));
+  const Decision shrink = kept.decide({1, 16, 4000, 4640, 1}, wide);
+  REQUIRE(shrink.admitted);
+  CHECK(has(shrink.why, "larger than the pool of 16"));
+  CHECK(uses_only(shrink.target, 16));
+  Controller again(job, load_cluster("paper-cluster-2-a100"));
+  CHECK(plan_text(shrink.target) == plan_text(again.initial({0, 16, 500, 580, 1})));  // sized for the first step, not 4,000 tokens
   CHECK(has(error_of([] {
           int k = 0;
           parse_policy("static-min", k);

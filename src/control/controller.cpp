@@ -49,15 +49,21 @@ void Controller::remember(const Signals& s) {
   while (recent_p95_.size() > static_cast<std::size_t>(std::max(1, options_.memory_window))) recent_p95_.pop_front();
 }
 
+Signals Controller::static_sizing(const Signals& s) {
+  Signals sized = s;
+  if (options_.policy == Policy::fixed_max && job_.max_response_len > 0)
+    sized.response_len_mean = sized.response_len_p95 = static_cast<double>(job_.max_response_len);
+  static_first_ = sized;
+  return sized;
+}
+
 GlobalPlan Controller::initial(const Signals& s) {
   reference_ = s;
   remember(s);
   started_ = true;
   // static-max knows the worst case and plans for the longest responses the job allows;
   // static (the paper's baseline) plans for the first step as every policy does.
-  Signals sized = s;
-  if (options_.policy == Policy::fixed_max && job_.max_response_len > 0)
-    sized.response_len_mean = sized.response_len_p95 = static_cast<double>(job_.max_response_len);
+  const Signals sized = static_sizing(s);
   const PlanChoice c = plan_job(model_, job_, s.gpus, workload(sized), options_.planner);
   if (!c.feasible) throw Error("no plan fits the first step: " + c.reason);
   reference_seconds_ = estimate_plan(model_, job_, c.plan, workload(s), options_.headroom).step_seconds;
@@ -195,6 +201,7 @@ void Controller::observe(const GlobalPlan& ran_on, const StepObservation& o) {
   if (first) {
     reference_ = ran;
     reference_.gpus = o.next.gpus;
+    static_sizing(ran);
     started_ = true;
   }
   const std::vector<ModelStage> stages = model_stages(job_);
@@ -244,9 +251,22 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     d.trigger = "pool";
     d.urgent = invalid;
     d.target = rescale(current, s.gpus);
+    d.why = "static: keep TP/PP, scale DP with the pool";
+    if (uses_missing(d.target, s.gpus)) {
+      // A unit of the kept layouts is larger than the pool, so no layout of it can be kept
+      // whole. The baseline does what it did at the start, on the GPUs present: the
+      // planner's plan for the first step's signals (never a unit outside the pool).
+      Workload first = Workload::of(job_, static_first_.response_len_mean, static_first_.response_len_p95);
+      first.link_slowdown = static_first_.link_slowdown;
+      const PlanChoice c = plan_job(model_, job_, s.gpus, first, options_.planner);
+      if (c.feasible) {
+        d.target = c.plan;
+        d.why = "static: a kept unit is larger than the pool of " + std::to_string(s.gpus) +
+                "; the planner's plan for the first step's signals on it";
+      }
+    }
     const TransitionGraph g = transition(current, d.target, s);
     d.admitted = !same_plan(current, d.target);
-    d.why = "static: keep TP/PP, scale DP with the pool";
     d.transition_seconds = g.summary.l_tran_seconds;
     d.moved_bytes = g.summary.moved_bytes;
     d.target_seconds = estimate_plan(model_, job_, d.target, w, options_.headroom).step_seconds;

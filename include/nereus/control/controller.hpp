@@ -140,6 +140,10 @@ class Controller {
   long last_every_ = 0;
   bool memory_measured_ = false;  ///< a peak has calibrated the memory estimate
   bool started_ = false;  ///< references set (initial() or the first step())
+  /// The signals static and static-max sized their first plan for (static-max: responses
+  /// of max_response_len), and plan for again when a kept unit outgrows the pool.
+  Signals static_first_{};
+  Signals static_sizing(const Signals& first);
 };
 
 }  // namespace nereus
