@@ -9,6 +9,7 @@
 #include "job_cases.hpp"
 #include "nereus/control/controller.hpp"
 #include "nereus/control/planner.hpp"
+#include "nereus/plan/overlap.hpp"
 #include "test_util.hpp"
 
 using namespace nereus;
@@ -123,6 +124,45 @@ TEST_CASE("planner: plans grow with the pool and adapt to long responses") {
   if (tight.feasible) CHECK(estimate_plan(model, job, tight.plan, Workload::of(job, 12000, 16000)).fits);
 }
 
+TEST_CASE("controller: a plan the corrected model ranks well ahead triggers a replan; it pays back over the steps the plan has stood") {
+  // A job that began on a plan of its own for 16 GPUs runs on 32, and nothing drifts: the
+  // model alone finds S* more than δ/3 ahead. No drift signal has
+  // crossed yet, so the horizon is the steps since the first one, and the move waits
+  // until it pays back within them.
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const ClusterSpec cluster = load_cluster("paper-cluster-2-a100");
+  const CostModel model(cluster);
+  const Workload w = Workload::of(job, 500, 580);
+  const GlobalPlan slow = plan_job(model, job, 16, w).plan;  // half the GPUs idle
+  const PlanEstimate e = estimate_plan(model, job, slow, w);
+  const OverlapGraph og = overlap_graph(job, slow);
+  StepObservation o;
+  for (std::size_t i = 0; i < og.stages.size(); ++i) o.stage_seconds.emplace_back(og.stages[i].name(), e.stage_seconds[i]);
+  ControllerOptions options;
+  options.gamma = 0.01;  // a transition must pay back a hundred times over: not within one step
+  Controller ctl(job, cluster, options);
+  double horizon = 0;
+  long admitted_at = 0;
+  for (long k = 1; k <= 60 && !admitted_at; ++k) {
+    o.next = {k, 32, 500, 580, 1};
+    const Decision d = ctl.step(slow, o);
+    CAPTURE(k);
+    CAPTURE(d.why);
+    REQUIRE(d.trigger == "model");
+    CHECK(d.horizon_steps == doctest::Approx(std::max(1L, k - 1)));  // the steps since the first
+    horizon = d.horizon_steps;
+    if (d.admitted) {
+      admitted_at = k;
+      CHECK(has(d.why, "pays back"));
+      CHECK(d.transition_seconds <= options.gamma * d.horizon_steps * (d.current_seconds - d.target_seconds) + 1e-9);
+    } else {
+      CHECK(has(d.why, "does not pay back"));
+    }
+  }
+  CHECK(admitted_at > 1);
+  CHECK(horizon > 1);
+}
+
 TEST_CASE("controller: step() calibrates from a live job's stage times, then decides against the first step's signals") {
   const JobSpec job = load_job("ppo-tiny");
   ClusterSpec cluster = load_cluster("h200-node");
@@ -136,8 +176,9 @@ TEST_CASE("controller: step() calibrates from a live job's stage times, then dec
   for (const ModelStage& s : model_stages(job)) o.stage_seconds.emplace_back(s.name(), 0.5);
   const Decision first = ctl.step(plan, o);
   CHECK(ctl.calibrator().measurements() == model_stages(job).size());
-  CHECK(first.trigger.empty());  // the references are the first step's own signals
-  CHECK_FALSE(first.admitted);
+  // The references are the first step's own signals: no drift. (The corrected model may
+  // still rank another plan well ahead of this hand-written one: a "model" trigger.)
+  CHECK((first.trigger.empty() || first.trigger == "model"));
   o.next = {2, 8, 1024, 1536, 1};  // responses 8x longer
   const Decision second = ctl.step(plan, o);
   CHECK(has(second.trigger, "length"));

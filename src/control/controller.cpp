@@ -1,6 +1,7 @@
 #include "nereus/control/controller.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -61,6 +62,7 @@ GlobalPlan Controller::initial(const Signals& s) {
   reference_ = s;
   remember(s);
   started_ = true;
+  first_step_ = s.step;
   // static-max knows the worst case and plans for the longest responses the job allows;
   // static (the paper's baseline) plans for the first step as every policy does.
   const Signals sized = static_sizing(s);
@@ -203,6 +205,7 @@ void Controller::observe(const GlobalPlan& ran_on, const StepObservation& o) {
     reference_.gpus = o.next.gpus;
     static_sizing(ran);
     started_ = true;
+    first_step_ = ran.step;
   }
   const std::vector<ModelStage> stages = model_stages(job_);
   for (const auto& measured : o.stage_seconds) {
@@ -287,6 +290,15 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   // cheaper step towards it): try again from the plan it reached, over the same horizon.
   const bool retry = retry_horizon_ > 0 && trig.empty();
   if (retry) trig.push_back("retry");
+  // Calibration can also re-rank the plans without moving the current one's prediction:
+  // when the corrected model puts a plan more than δ/3 ahead of the current one (the
+  // margin a replan may settle for, below), that is a model trigger too. Planning is pure
+  // and takes a fraction of a millisecond, so this is checked at every step.
+  std::optional<PlanChoice> planned;
+  if (trig.empty() && std::isfinite(d.current_seconds)) {
+    planned = plan_job(model_, job_, s.gpus, w, options_.planner);
+    if (planned->feasible && planned->step_seconds < d.current_seconds * (1 - options_.delta / 3)) trig.push_back("model");
+  }
   if (trig.empty()) return done(d);
   for (const std::string& x : trig) d.trigger += (d.trigger.empty() ? "" : ",") + x;
   d.urgent = invalid || !cur.fits;
@@ -297,10 +309,23 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   for (const std::string& x : trig)
     if (x != "model") observed.push_back(x);
   d.horizon_steps = retry ? retry_horizon_ : horizon(observed.empty() ? trig : observed, s.step);
+  if (!retry && observed.empty()) {
+    // A model correction lasts (its own crossings say nothing of how long): a plan chosen
+    // for it stands until the next crossing of a drift signal. Its horizon is the shortest
+    // H_x of those signals; before any has an interval, the one running: the steps since
+    // the last crossing, or since the job's first step.
+    double standing = std::numeric_limits<double>::infinity();
+    long since = first_step_;
+    for (const auto& [signal, h] : horizon_)
+      if (signal != "model") standing = std::min(standing, h);
+    for (const auto& [signal, step] : last_cross_)
+      if (signal != "model") since = std::max(since, step);
+    d.horizon_steps = std::isfinite(standing) ? standing : std::max(1.0, static_cast<double>(s.step - since));
+  }
   retry_horizon_ = 0;
   d.replanned = true;
 
-  const PlanChoice best = plan_job(model_, job_, s.gpus, w, options_.planner);
+  const PlanChoice best = planned ? *planned : plan_job(model_, job_, s.gpus, w, options_.planner);
   if (!best.feasible) {
     d.why = "no plan fits: " + best.reason;
     if (invalid) {

@@ -138,6 +138,7 @@ class Controller {
   std::map<std::string, double> horizon_;    // H_x per signal
   std::map<std::string, long> last_cross_;   // step of the last crossing per signal
   long last_every_ = 0;
+  long first_step_ = 0;  ///< the job's first step (initial() or the first step())
   bool memory_measured_ = false;  ///< a peak has calibrated the memory estimate
   bool started_ = false;  ///< references set (initial() or the first step())
   /// The signals static and static-max sized their first plan for (static-max: responses
