@@ -116,7 +116,7 @@ struct JobOpen {
   devicesPerNode @1 :Int32;
   killNode @2 :Int32;
   freezeNode @3 :Int32;
-  ncclId @4 :Data;            # an NCCL unique id for the job's nodes (128 bytes); empty: not built with NCCL
+  ncclId @4 :Data;            # an NCCL unique id for the job's nodes (128 bytes); empty: none (no NCCL transport yet)
   injectAt @5 :Text;          # as JobRequest.injectAt
 }
 

@@ -69,7 +69,8 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
     if (s->ch) pumps_.spawn(pump(*s));
   if (membership_) pumps_.spawn(watch_membership());
   if (alive().empty()) throw Error("no node of the job could be reached (node " + std::to_string(nodes.at(0).rank) + ": " + sessions_.at(0)->lost + ")");
-  nccl_id_ = nccl_unique_id();  // one per job; empty without NCCL
+  // No NCCL unique id (nccl_bootstrap.hpp): each would keep a thread and a socket of
+  // NCCL's for the coordinator's life until an NCCL transport connects to it.
   const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, nccl_id_, request_.inject_at};
   Peers peers;
   for (auto& [rank, e] : co_await each_surviving(alive(), open, "job-open")) {

@@ -118,7 +118,7 @@ class JobDriver {
   asio::awaitable<nlohmann::json> verify();
   asio::awaitable<void> close();
 
-  /// The NCCL unique id the nodes got (empty without NCCL).
+  /// The NCCL unique id the nodes got (empty: none is made before an NCCL transport).
   const Bytes& nccl_id() const { return nccl_id_; }
   std::vector<int> alive() const;
   /// Whether node `rank` is in the job and not lost.

@@ -1,15 +1,14 @@
 #pragma once
-// NCCL's part of the data-plane bootstrap (src/cluster only): the coordinator makes one
-// unique id per job and hands it to every node with jobOpen, as NCCL's
-// ncclCommInitRank expects. Built only when meson finds NCCL (-Dnccl); libnccl.so.2 is
-// opened at run time, so a binary carried where NCCL is absent still runs.
+// NCCL's part of the data-plane bootstrap (src/cluster only): jobOpen may carry an NCCL
+// unique id for the job's nodes, as NCCL's ncclCommInitRank expects. None is made yet:
+// ncclGetUniqueId starts a bootstrap thread and a listening socket in NCCL that stay
+// until every rank of a communicator connects, so an id nobody uses (there is no NCCL
+// transport) would keep both for the coordinator's life, one per job. The NCCL
+// transport makes its ids when it creates communicators.
 #include "nereus/cluster/messages.hpp"
 
 namespace nereus::cluster::detail {
 
-/// A fresh NCCL unique id (ncclGetUniqueId; it needs no GPU); empty without NCCL (in the
-/// build or on the machine). Throws nereus::Error when NCCL fails.
-Bytes nccl_unique_id();
 /// Checks an id a node received: empty, or NCCL's size when this build has NCCL.
 void check_nccl_id(const Bytes& id);
 
