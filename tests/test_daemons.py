@@ -324,9 +324,16 @@ try:
     # (filled), compiles the global transition graph and runs it node by node; every
     # daemon checks every unit it holds against the fill.
     rc, j, err = cluster_job(addr, "--response-len", "128", "--response-len-after", "2048")
-    # No NCCL unique id before an NCCL transport uses one: each would keep an NCCL
-    # bootstrap thread and socket in the coordinator for good.
-    check(j.get("nccl_unique_id_bytes") == 0, f"no NCCL unique id is made ({j.get('nccl_unique_id_bytes')} bytes)")
+    # Jobs leave nothing behind in the coordinator: an NCCL unique id made per job (until
+    # 2026-12-05) kept an NCCL bootstrap thread and a listening socket for good.
+    threads = len(os.listdir(f"/proc/{coord.p.pid}/task"))
+    fds = len(os.listdir(f"/proc/{coord.p.pid}/fd"))
+    for _ in range(4):
+        cluster_job(addr, "--steps", "1")
+    threads_after = len(os.listdir(f"/proc/{coord.p.pid}/task"))
+    fds_after = len(os.listdir(f"/proc/{coord.p.pid}/fd"))
+    check(threads_after < threads + 4 and fds_after < fds + 4,
+          f"4 more jobs leave no thread or descriptor per job in the coordinator (threads {threads} -> {threads_after}, fds {fds} -> {fds_after})")
     check(rc == 0 and j.get("verified") is True and "decision" in step1(j) and j.get("plan"),
           f"cluster job: the controller's plan loads, it decides ({step1(j).get('decision', {}).get('why')}), every unit verifies ({err.strip()[-300:]})")
     # From a plan on two GPUs, responses 32x longer: the controller admits a better plan.

@@ -9,7 +9,6 @@
 #include <set>
 
 #include "job_graph_run.hpp"
-#include "nccl_bootstrap.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
@@ -71,7 +70,7 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
   if (alive().empty()) throw Error("no node of the job could be reached (node " + std::to_string(nodes.at(0).rank) + ": " + sessions_.at(0)->lost + ")");
   // No NCCL unique id (nccl_bootstrap.hpp): each would keep a thread and a socket of
   // NCCL's for the coordinator's life until an NCCL transport connects to it.
-  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, nccl_id_, request_.inject_at};
+  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, {}, request_.inject_at};
   Peers peers;
   for (auto& [rank, e] : co_await each_surviving(alive(), open, "job-open")) {
     session(rank).info = std::get<Ready>(e.body).info;
@@ -93,7 +92,7 @@ asio::awaitable<bool> JobDriver::admit(const NodeAddress& n) {
     sessions_.push_back(std::move(fresh));
   }
   pumps_.spawn(pump(s));
-  const Body open = JobOpen{request_.job, per_, -1, -1, nccl_id_, {}};
+  const Body open = JobOpen{request_.job, per_, -1, -1, {}, {}};
   s.info = std::get<Ready>((co_await call(n.rank, open, "job-open")).body).info;
   Peers everyone;
   for (int r : alive()) everyone.all.push_back(session(r).info);

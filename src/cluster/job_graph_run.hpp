@@ -118,8 +118,6 @@ class JobDriver {
   asio::awaitable<nlohmann::json> verify();
   asio::awaitable<void> close();
 
-  /// The NCCL unique id the nodes got (empty: none is made before an NCCL transport).
-  const Bytes& nccl_id() const { return nccl_id_; }
   std::vector<int> alive() const;
   /// Whether node `rank` is in the job and not lost.
   bool in_job(int rank) const;
@@ -187,7 +185,6 @@ class JobDriver {
   bool stepping_ = false;
   std::function<bool(int)> membership_;
   bool closing_ = false;
-  Bytes nccl_id_;
 };
 
 /// Executes graph `g` (GPUs as `pool` indices) from the driver's current units. Every

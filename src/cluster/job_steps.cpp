@@ -63,7 +63,6 @@ class JobLife {
     begin("connect", "connect");
     co_await d_.connect(nodes);
     end();
-    out_["nccl_unique_id_bytes"] = d_.nccl_id().size();
     begin("load", "load");
     co_await d_.load(initial, pool_);  // nodes lost while connecting: their units never load
     end();

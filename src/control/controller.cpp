@@ -1,10 +1,10 @@
 #include "nereus/control/controller.hpp"
 
 #include <algorithm>
-#include <optional>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
