@@ -13,7 +13,9 @@ class MockTransport final : public nereus::Transport {
   explicit MockTransport(boost::asio::any_io_executor ex) : ex_(ex) {}
 
   std::string_view name() const override { return "mock"; }
-  nereus::Capabilities capabilities() const override { return {true, true, true, true, memory, two_sided}; }
+  nereus::Capabilities capabilities() const override {
+    return {true, true, true, true, memory, two_sided, grouped, strided_messages};
+  }
   nereus::Registration register_memory(const nereus::MemoryRegion& r) override { return {r, {}, 0}; }
 
   boost::asio::awaitable<nereus::Status> post(nereus::DescriptorList list) override {
@@ -31,7 +33,22 @@ class MockTransport final : public nereus::Transport {
     co_return nereus::Status::ok();
   }
 
+  /// Records the group and completes it after `delay` (moves no bytes).
+  boost::asio::awaitable<nereus::Status> post_group(std::vector<nereus::DescriptorList> lists) override {
+    groups.push_back(lists);
+    boost::asio::steady_timer t(ex_);
+    t.expires_after(delay);
+    auto [ec] = co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    if (ec) co_return nereus::Status{nereus::StatusCode::cancelled, "mock group cancelled"};
+    if (fail_group == static_cast<int>(groups.size())) co_return nereus::Status{nereus::StatusCode::io_error, "mock group failure"};
+    co_return nereus::Status::ok();
+  }
+
   std::vector<nereus::DescriptorList> posted;
+  std::vector<std::vector<nereus::DescriptorList>> groups;
+  bool grouped = false;           ///< whether it says messages go in groups
+  bool strided_messages = false;  ///< whether it says it packs strided messages itself
+  int fail_group = 0;             ///< group number that fails (1-based), 0 for none
   std::vector<nereus::MemoryKind> memory{nereus::MemoryKind::host};  ///< what it says it moves
   bool two_sided = false;  ///< whether it says it sends and receives tagged messages
   int posts = 0;

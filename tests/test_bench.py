@@ -99,6 +99,14 @@ for procs, model, src, dst in [(1, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused",
                        "--procs", str(procs), "--repeat", "2", "--chunk-bytes", "65536")
     check(rc == 0 and j.get("verified") is True and j.get("procs") == procs and "ucx-tag" in j.get("transports", {}),
           f"ucx-tag --procs {procs} {model} {src} -> {dst} verified ({err.strip()[-300:]})")
+# The same in rounds (each round's messages posted together, as NCCL needs): every process
+# derives the rounds alone, so a disagreement would hang or land bytes in the wrong place.
+for procs in [2, 4]:
+    rc, j, err = bench("--model", "tiny-qwen2-tied", "--from", "tp=2,pp=2,dp=1,partition=3/2", "--to", "tp=4,pp=1,dp=1,packing=fused",
+                       "--train", "--verify", "--transport", "ucx-tag", "--rounds", "--procs", str(procs), "--repeat", "2",
+                       "--chunk-bytes", "65536")
+    check(rc == 0 and j.get("verified") is True and "ucx-tag" in j.get("transports", {}),
+          f"ucx-tag --rounds --procs {procs} verified ({err.strip()[-300:]})")
 # Each link its path (--transport auto): local copies inside a worker, UCX gets across; in one
 # process every link is a local copy.
 for procs, want in [(1, {"local"}), (2, {"local", "ucx"})]:
@@ -171,7 +179,8 @@ for extra in [[], ["--transport", "ucx", "--procs", "2"]]:
           f"units beyond the machine's memory {extra}: one clear error ({p.stderr.strip()[-300:]})")
 # GPU units where no GPU is (this machine; the GPU suite runs them where one is): one line.
 for extra, flag in [(["--transport", "cuda"], "--transport cuda: "), (["--transport", "cuda", "--procs", "2"], "--transport cuda: "),
-                    (["--memory", "cuda", "--transport", "ucx-tag", "--procs", "2"], "--memory cuda: ")]:
+                    (["--memory", "cuda", "--transport", "ucx-tag", "--procs", "2"], "--memory cuda: "),
+                    (["--transport", "nccl"], "--transport nccl: "), (["--transport", "nccl", "--procs", "2"], "--transport nccl: ")]:
     p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                         "tp=1,pp=1,dp=2", *extra], capture_output=True, text=True, timeout=60)
     check(p.returncode == 1 and flag in p.stderr and len(p.stderr.strip().splitlines()) == 1,

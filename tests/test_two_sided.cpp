@@ -13,6 +13,7 @@
 #include "runtime_world.hpp"
 #include "test_util.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/participant.hpp"
 #include "nereus/transport/local.hpp"
@@ -100,6 +101,36 @@ TEST_CASE("two-sided schedule: sender and receiver derive the same messages per 
             for (const auto& [s, d, ordinal, bytes] : sent) {
               CHECK(ordinal == next[{s, d}]++);
               CHECK(bytes <= chunk);
+            }
+          }
+        // Rounds: for every pair, round by round, the sender's list to the receiver is the
+        // receiver's from the sender, in the same order; no link has more than c messages
+        // in a round; every message is in exactly one round.
+        std::vector<std::vector<std::vector<Message>>> rounds(static_cast<std::size_t>(procs));
+        for (int r = 0; r < procs; ++r) {
+          ExecutorOptions o;
+          o.self = static_cast<PeerId>(r);
+          o.two_sided = o.rounds = true;
+          o.chunk_bytes = chunk;
+          Executor ex(mock, &mock, owner, o);
+          const auto mine = devices_of(all, r, procs);
+          rounds[static_cast<std::size_t>(r)] = ex.bind(plan.transfers_touching(mine), plan.target(), table_of(plan, owner, o.self)).rounds();
+          std::size_t n = 0;
+          for (const auto& round : rounds[static_cast<std::size_t>(r)]) {
+            std::map<std::tuple<DeviceId, DeviceId, Op>, unsigned> per_link;
+            for (const Message& m : round) CHECK(++per_link[{m.src, m.dst, m.op}] <= o.per_link_concurrency);
+            n += round.size();
+          }
+          CHECK(n == msgs[static_cast<std::size_t>(r)].size());
+        }
+        for (PeerId a = 0; a < static_cast<PeerId>(procs); ++a)
+          for (PeerId b = 0; b < static_cast<PeerId>(procs); ++b) {
+            if (a == b) continue;
+            const std::size_t n = std::max(rounds[a].size(), rounds[b].size());
+            for (std::size_t k = 0; k < n; ++k) {
+              const LinkMessages sent = k < rounds[a].size() ? of(rounds[a][k], Op::send, b) : LinkMessages{};
+              const LinkMessages received = k < rounds[b].size() ? of(rounds[b][k], Op::recv, a) : LinkMessages{};
+              CHECK(sent == received);
             }
           }
         // Nothing inside one process travels as a message.
@@ -346,4 +377,111 @@ TEST_CASE("a staging copy that fails at once stops a two-sided run with its erro
     co_await ucx.shutdown();
     co_return 0;
   }());
+}
+
+namespace {
+
+/// UCX tagged messages presented as a grouped transport (as NCCL is): post_group posts
+/// its lists at once and completes when all did; it records the groups.
+class GroupedTags final : public Transport {
+ public:
+  explicit GroupedTags(UcxTransport& inner) : inner_(inner) {}
+  std::string_view name() const override { return "grouped-tags"; }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_.capabilities();
+    c.remote_get = c.remote_put = false;
+    c.grouped = true;
+    return c;
+  }
+  Registration register_memory(const MemoryRegion& r) override { return inner_.register_memory(r); }
+  void deregister_memory(const Registration& r) override { inner_.deregister_memory(r); }
+  asio::awaitable<Status> post(DescriptorList) override {
+    co_return Status{StatusCode::invalid, "grouped-tags: a message posted outside a group"};
+  }
+  asio::awaitable<Status> post_group(std::vector<DescriptorList> lists) override {
+    groups.push_back(lists.size());
+    std::vector<Status> status(lists.size());
+    AsyncScope all(co_await asio::this_coro::executor);
+    auto one = [this](DescriptorList& l, Status& st) -> asio::awaitable<void> { st = co_await inner_.post(l); };
+    for (std::size_t i = 0; i < lists.size(); ++i) all.spawn(one(lists[i], status[i]));
+    co_await all.join();
+    for (const Status& st : status)
+      if (!st) co_return st;
+    co_return Status::ok();
+  }
+  std::vector<std::size_t> groups;
+
+ private:
+  UcxTransport& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("rounds: real bytes through UCX tagged messages, round by round, grouped or not") {
+  testing::Patterned r("tp=4,pp=1,dp=1", "tp=1,pp=2,dp=2,devices=4:5:6:7");
+  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  asio::io_context io;
+  UcxTransport ucx(io);
+  REQUIRE(ucx.connect(0, ucx.address()).is_ok());
+  LocalTransport local({1, 4096});
+  ExecutorOptions opt;
+  opt.chunk_bytes = 1 << 14;  // several rounds per link
+  opt.remote_links = opt.two_sided = opt.rounds = true;
+  SUBCASE("ungrouped: each round's messages posted at once") {
+    Executor ex(local, &ucx, [](DeviceId) { return PeerId{0}; }, opt);
+    const BoundTransition bound = ex.bind(transfers, plan.target(), w.table);
+    REQUIRE(bound.rounds().size() > 2);
+    const auto report = run_on(io, ex.run(bound));
+    CHECK(report.sent_bytes == plan.summary().moved_bytes);
+    CHECK(report.link_bytes == plan.summary().moved_bytes);
+    CHECK(report.commits.size() == plan.target().units.size());
+  }
+  SUBCASE("grouped: one post_group per round, holding that round's sends and receives") {
+    GroupedTags grouped(ucx);
+    opt.rounds = false;  // a grouped transport runs in rounds without being asked
+    Executor ex(local, &grouped, [](DeviceId) { return PeerId{0}; }, opt);
+    const BoundTransition bound = ex.bind(transfers, plan.target(), w.table);
+    const auto rounds = bound.rounds();
+    const auto report = run_on(io, ex.run(bound));
+    CHECK(report.link_bytes == plan.summary().moved_bytes);
+    REQUIRE(grouped.groups.size() == rounds.size());
+    for (std::size_t k = 0; k < rounds.size(); ++k) CHECK(grouped.groups[k] == rounds[k].size());
+  }
+  CHECK(testing::landed_as_planned(transfers, w.table));
+  run_on(io, [&]() -> asio::awaitable<int> {
+    co_await ucx.shutdown();
+    co_return 0;
+  }());
+}
+
+TEST_CASE("rounds: a failed group stops the run naming a transfer; strided messages reach a transport that packs them") {
+  testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
+  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  asio::io_context io;
+  testing::MockTransport mock(io.get_executor());
+  mock.two_sided = mock.grouped = mock.strided_messages = true;
+  LocalTransport local({1, 4096});
+  ExecutorOptions opt;
+  opt.chunk_bytes = 1 << 14;
+  opt.remote_links = opt.two_sided = true;  // the mock has gets too
+  Executor ex(local, &mock, [](DeviceId) { return PeerId{0}; }, opt);
+  const BoundTransition bound = ex.bind(transfers, plan.target(), w.table);
+  run_on(io, ex.run(bound));
+  // Nothing staged: the lists go as bound, their strided runs intact, each tagged.
+  bool strided = false;
+  std::set<std::uint64_t> tags;
+  for (const auto& g : mock.groups)
+    for (const DescriptorList& l : g) {
+      for (const Segment& s : l.segments) strided |= s.count > 1;
+      tags.insert(l.tag);
+    }
+  CHECK(strided);
+  CHECK(mock.posted.empty());
+  std::size_t n = 0;
+  for (const auto& round : bound.rounds()) n += round.size();
+  CHECK(tags.size() * 2 == n);  // a send and its receive share a tag
+  mock.groups.clear();
+  mock.fail_group = 2;
+  CHECK(error_of([&] { run_on(io, ex.run(bound)); }).find("failed: mock group failure") != std::string::npos);
+  CHECK(mock.groups.size() == 2);  // no round after the failed one
 }

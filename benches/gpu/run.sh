@@ -5,8 +5,12 @@
 # one JSON line:
 #   {"suite": {"rc": 0, "tail": "..."}, "bench": {...}, "ipc": {"one_process": {...},
 #    "two_processes": {...}, "ratio": two-process GB/s over one-process GB/s},
-#    "staged_ucx_tag": {...}}   (GPU memory across two processes over UCX tagged messages,
+#    "staged_ucx_tag": {...},   (GPU memory across two processes over UCX tagged messages,
 #    staged through page-locked host memory: the path between machines without CUDA-aware UCX)
+#    "nccl": {"library": path, "one_process": {...}, "two_processes": {...} or why not}}
+#    (every link an NCCL message in grouped rounds; NCCL comes from NEREUS_NCCL_LIBRARY or the
+#    machine's own, PyTorch's say: the pack carries none. Across two processes only with two
+#    or more GPUs: NCCL refuses two ranks on one GPU.)
 # rc 77: no CUDA device was found.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,7 +29,19 @@ two_json=$(timeout 120 "$here/nereus" "${reshard[@]}" --procs 2 2>&1 | tail -1)
 staged=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --memory cuda --transport ucx-tag
         --procs 2 --verify --repeat 5 --json --quiet)
 staged_json=$(timeout 120 "$here/nereus" "${staged[@]}" 2>&1 | tail -1)
-python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" <<'PY'
+if [ -z "${NEREUS_NCCL_LIBRARY:-}" ]; then
+  for dir in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
+    found=$(find "$dir/" -maxdepth 6 -name 'libnccl.so.2' 2>/dev/null | head -1)
+    [ -n "$found" ] && { export NEREUS_NCCL_LIBRARY=$found; break; }
+  done
+fi
+nccl=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport nccl --verify --repeat 5
+      --json --quiet)
+nccl_one=$(timeout 120 "$here/nereus" "${nccl[@]}" 2>&1 | tail -1)
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$gpus" -ge 2 ]; then nccl_two=$(timeout 120 "$here/nereus" "${nccl[@]}" --procs 2 2>&1 | tail -1)
+else nccl_two="{\"not_measured\": \"$gpus GPU(s): NCCL refuses two ranks on one GPU\"}"; fi
+python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" <<'PY'
 import json, sys
 rc, log = int(sys.argv[1]), open(sys.argv[2]).read()
 def parsed(text):
@@ -33,10 +49,11 @@ def parsed(text):
         return json.loads(text)
     except ValueError:
         return {"error": "unreadable: " + text[-300:]}
-bench, one, two, staged = (parsed(t) for t in sys.argv[3:7])
+bench, one, two, staged, nccl_one, nccl_two = (parsed(t) for t in sys.argv[3:9])
 ipc = {"one_process": one, "two_processes": two}
 if one.get("gbps") and two.get("gbps"):
     ipc["ratio"] = two["gbps"] / one["gbps"]
-print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged}))
+nccl = {"library": sys.argv[9], "one_process": nccl_one, "two_processes": nccl_two}
+print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl}))
 PY
 rm -f "$suite_log"

@@ -19,15 +19,19 @@ using json = nlohmann::json;
 struct TransitionConfig : ReshardSpec {
   /// local | ucx | ucx-tag (two_sided set to match) | auto: each link the path that
   /// reaches it (runtime link_path): copies inside a process; across, UCX gets (CUDA IPC
-  /// gets for GPU memory) | cuda: GPU memory, cuda copies, CUDA IPC gets across.
+  /// gets for GPU memory) | cuda: GPU memory, cuda copies, CUDA IPC gets across | nccl:
+  /// GPU memory, every link between processes (in one process: every link) as NCCL
+  /// messages in grouped rounds.
   std::string transport = "local";
   std::string memory = "host";  ///< host | cuda: where the units live (`cuda` set to match)
   /// What moves links inside a process, and between processes.
   std::string local_name() const { return cuda ? "cuda" : "local"; }
-  std::string remote_name() const { return ipc ? "cuda-ipc" : transport == "ucx-tag" ? "ucx-tag" : "ucx"; }
+  std::string remote_name() const { return nccl ? "nccl" : ipc ? "cuda-ipc" : transport == "ucx-tag" ? "ucx-tag" : "ucx"; }
   /// One process, and every link between its devices through UCX (--transport ucx or
-  /// ucx-tag): what the bench measures of UCX without a second process.
-  bool every_link_remote() const { return procs == 1 && daemons.empty() && (transport == "ucx" || transport == "ucx-tag"); }
+  /// ucx-tag) or NCCL: what the bench measures of them without a second process.
+  bool every_link_remote() const {
+    return procs == 1 && daemons.empty() && (transport == "ucx" || transport == "ucx-tag" || transport == "nccl");
+  }
   int procs = 1;
   int repeat = 3;
   bool verify = false;

@@ -16,6 +16,7 @@
 #include "nereus/base/trace_events.hpp"
 #include "nereus/runtime/participant.hpp"
 #include "nereus/transport/cuda.hpp"
+#include "nereus/transport/nccl.hpp"
 #include "transition_bench.hpp"
 
 namespace nereus::bench {
@@ -185,14 +186,16 @@ void write_transfer_outputs(const TransitionConfig& c, const TransferLabels& lab
 }
 
 Prepared prepare(const TransitionConfig& c) {
-  if (c.transport != "local" && c.transport != "ucx" && c.transport != "ucx-tag" && c.transport != "auto" && c.transport != "cuda")
-    throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag, auto, cuda");
-  const std::string gpu_flag = c.transport == "cuda" ? "--transport cuda" : "--memory cuda";
+  if (c.transport != "local" && c.transport != "ucx" && c.transport != "ucx-tag" && c.transport != "auto" && c.transport != "cuda" &&
+      c.transport != "nccl")
+    throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag, auto, cuda, nccl");
+  const std::string gpu_flag = c.transport == "cuda" || c.transport == "nccl" ? "--transport " + c.transport : "--memory cuda";
+  if (c.nccl && !nccl_built()) throw Error("--transport nccl: this build has no NCCL transport (it needs cudart and nccl.h)");
   if (c.cuda && !cuda_built()) throw Error(gpu_flag + ": this build has no CUDA (reconfigure with -Dcuda=enabled)");
   if (c.cuda && cuda_device_count() == 0) throw Error(gpu_flag + ": no CUDA device is present");
   if (c.procs < 1) throw Error("--procs must be at least 1");
   if (c.procs > 1 && c.transport == "local")
-    throw Error("--transport local moves bytes inside one process; use --transport ucx, ucx-tag, auto or cuda with --procs " + std::to_string(c.procs));
+    throw Error("--transport local moves bytes inside one process; use --transport ucx, ucx-tag, auto, cuda or nccl with --procs " + std::to_string(c.procs));
   if (c.repeat < 1) throw Error("--repeat must be at least 1");
   Prepared p = prepare_reshard(c);
   if (c.procs > static_cast<int>(p.devices.size()))

@@ -8,6 +8,7 @@
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/cuda.hpp"
+#include "nereus/transport/nccl.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/ucx.hpp"
 #include "transition_bench.hpp"
@@ -51,6 +52,16 @@ int run_single_process(const TransitionConfig& c) {
   store.allocate_and_fill(c.copy_threads);
   LocalTransport local({c.copy_threads, 1 << 20});
   std::unique_ptr<Transport> cuda = c.cuda ? make_cuda_transport(io) : nullptr;
+  std::unique_ptr<Transport> nccl;  // every link an NCCL message; this process holds one rank per GPU
+  if (c.nccl) {
+    NcclTransportOptions no;
+    no.devices = p.devices;
+    no.owner_of = [](DeviceId) { return PeerId{0}; };
+    const int gpus = std::max(1, cuda_device_count());
+    no.gpu_of = [gpus](DeviceId d) { return static_cast<int>(d) % gpus; };  // as the store places them
+    nccl = make_nccl_transport(io, std::move(no));
+    if (Status st = nccl->connect(0, nccl->address()); !st) throw Error(st.message());
+  }
   std::vector<Registration> regs;
   if (ucx) {
     if (Status st = ucx->connect(0, ucx->address()); !st) throw Error(st.message());
@@ -63,9 +74,11 @@ int run_single_process(const TransitionConfig& c) {
   ExecutorOptions eo;
   eo.per_link_concurrency = c.per_link;
   eo.chunk_bytes = c.chunk_bytes;
-  eo.remote_links = ucx != nullptr;
+  eo.remote_links = ucx != nullptr || nccl != nullptr;
   eo.two_sided = c.two_sided;
-  Executor ex(cuda ? *cuda : static_cast<Transport&>(local), ucx.get(), [](DeviceId) { return PeerId{0}; }, eo);
+  eo.rounds = c.rounds;
+  Transport* remote = nccl ? nccl.get() : ucx.get();
+  Executor ex(cuda ? *cuda : static_cast<Transport&>(local), remote, [](DeviceId) { return PeerId{0}; }, eo);
   const auto transfers = p.plan.transfers();
   const BoundTransition bound = ex.bind(transfers, p.target, store.table());
 
@@ -135,7 +148,7 @@ int run_single_process(const TransitionConfig& c) {
 int run_transition_bench(const TransitionConfig& c, const std::vector<std::string>& argv) {
   if (c.worker_rank >= 0) return run_worker(c);
   if (!c.daemons.empty()) {
-    if (c.transport == "ucx-tag" || c.transport == "cuda")
+    if (c.transport == "ucx-tag" || c.transport == "cuda" || c.transport == "nccl")
       throw Error("--transport " + c.transport + " runs in one process or with --procs; the daemons move host memory with UCX gets");
     return run_on_daemons(c);
   }

@@ -20,12 +20,15 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_flag("--sync", c->sync, "weight sync: training source, generation target (param only)");
   t->add_option("--transport", c->transport, "local | ucx (one-sided gets) | ucx-tag (tagged send/recv) | auto (per link: local copies inside a process, UCX gets "
                  "across; with --memory cuda, CUDA IPC gets across) | cuda (units in GPU memory: copies, CUDA IPC gets across "
-                 "processes)")
-      ->check(CLI::IsMember({"local", "ucx", "ucx-tag", "auto", "cuda"}));
+                 "processes) | nccl (units in GPU memory; every link between processes, or in one process every link, an NCCL message "
+                 "in grouped rounds)")
+      ->check(CLI::IsMember({"local", "ucx", "ucx-tag", "auto", "cuda", "nccl"}));
   t->add_option("--memory", c->memory, "host | cuda: where the units live (GPU d mod the GPUs present); default host")
       ->check(CLI::IsMember({"host", "cuda"}));
-  t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx, ucx-tag, auto or cuda")
+  t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx, ucx-tag, auto, cuda or nccl")
       ->check(CLI::PositiveNumber);
+  t->add_flag("--rounds", c->rounds,
+              "two-sided links in rounds, each round's messages posted together (as NCCL needs; nccl always does)");
   t->add_option("--repeat", c->repeat, "runs to time (default 3)")->check(CLI::PositiveNumber);
   t->add_flag("--verify", c->verify, "check every destination (and source) byte against the fill");
   t->add_option("--dump", c->dump_dir, "write destination shards and manifest.json to DIR");
@@ -51,7 +54,8 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--inject-kill-node", c->kill_node)->group("");
   t->callback([c, &argv] {
     c->two_sided = c->transport == "ucx-tag";
-    c->cuda = c->transport == "cuda" || c->memory == "cuda";
+    c->nccl = c->transport == "nccl";
+    c->cuda = c->transport == "cuda" || c->transport == "nccl" || c->memory == "cuda";
     c->ipc = c->cuda && (c->transport == "cuda" || c->transport == "auto");
     const int rc = bench::run_transition_bench(*c, argv);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -13,7 +13,12 @@ namespace nereus {
 Executor::Executor(Transport& copies, Transport* remote, std::function<PeerId(DeviceId)> owner_of,
                    ExecutorOptions options)
     : copies_(copies), remote_(remote), owner_of_(std::move(owner_of)), options_(options) {
-  if (remote_) remote_kinds_ = remote_->capabilities().memory;
+  if (remote_) {
+    const Capabilities can = remote_->capabilities();
+    remote_kinds_ = can.memory;
+    remote_strided_ = can.strided_messages;
+    grouped_ = can.grouped;
+  }
   if (options_.per_link_concurrency == 0) options_.per_link_concurrency = 1;
   if (options_.chunk_bytes == 0) options_.chunk_bytes = 64 << 20;
 }
@@ -221,6 +226,23 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
     op.first_message = static_cast<std::uint32_t>(next);
     next += op.parts.size();
   }
+  // Rounds: round r takes each link's ordinals [r·c, (r + 1)·c); inside a round the order
+  // is (source, destination, ordinal, receive first), which both ends of a link compute.
+  std::map<std::tuple<std::uint64_t, DeviceId, DeviceId, std::uint32_t, bool>, BoundTransition::Part> by_round;
+  const unsigned c = options_.per_link_concurrency;
+  for (std::uint32_t i = 0; i < b.ops_.size(); ++i) {
+    const auto& op = b.ops_[i];
+    if (op.list.op != Op::send && op.list.op != Op::recv) continue;
+    for (std::uint32_t k = 0; k < op.parts.size(); ++k) {
+      const std::uint32_t ordinal = op.first_message + k;
+      by_round[{ordinal / c, op.src(), op.dst(), ordinal, op.list.op == Op::send}] = {i, k};
+    }
+  }
+  for (const auto& [key, part] : by_round) {
+    const std::uint64_t r = std::get<0>(key);
+    if (b.rounds_.size() <= r) b.rounds_.resize(r + 1);
+    b.rounds_[r].push_back(part);
+  }
   std::map<std::tuple<DeviceId, DeviceId, bool>, std::size_t> link_of;
   for (std::uint32_t i = 0; i < b.ops_.size(); ++i) {
     const auto& op = b.ops_[i];
@@ -252,6 +274,17 @@ std::vector<Message> BoundTransition::messages() const {
   return out;
 }
 
+std::vector<std::vector<Message>> BoundTransition::rounds() const {
+  std::vector<std::vector<Message>> out(rounds_.size());
+  for (std::size_t r = 0; r < rounds_.size(); ++r)
+    for (const Part& p : rounds_[r]) {
+      const BoundOp& op = ops_[p.op];
+      out[r].push_back({op.list.op, op.list.peer, op.src(), op.dst(), op.first_message + p.chunk, op.parts[p.chunk].bytes(),
+                        op.transfer, p.chunk});
+    }
+  return out;
+}
+
 Executor::Staging Executor::staging(std::size_t bytes) {
   for (auto it = spare_staging_.begin(); it != spare_staging_.end(); ++it)
     if (it->size >= bytes) {
@@ -267,8 +300,13 @@ void Executor::give_back(Staging buffer) {
   if (spare_staging_.size() < 16) spare_staging_.push_back(std::move(buffer));
 }
 
-asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint64_t tag) {
+Executor::Outgoing Executor::outgoing(const DescriptorList& part, std::uint64_t tag) {
   const bool sends = part.op == Op::send;
+  Outgoing out;
+  out.msg = part;
+  out.msg.tag = tag;
+  const bool remote_moves_it = std::find(remote_kinds_.begin(), remote_kinds_.end(), part.kind) != remote_kinds_.end();
+  if (remote_moves_it && remote_strided_) return out;  // the transport packs and unpacks itself
   // Our side's runs, in message order; contiguous when each starts where the last ended.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;  // address, bytes
   for (const Segment& s : part.segments) {
@@ -279,42 +317,45 @@ asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint6
       else runs.push_back({a, s.bytes});
     }
   }
-  DescriptorList msg = part;
-  msg.tag = tag;
-  const bool remote_moves_it = std::find(remote_kinds_.begin(), remote_kinds_.end(), part.kind) != remote_kinds_.end();
   if (runs.size() == 1 && remote_moves_it) {
-    msg.segments = {sends ? Segment{runs[0].first, 0, runs[0].second} : Segment{0, runs[0].first, runs[0].second}};
-    co_return co_await remote_->post(std::move(msg));
+    out.msg.segments = {sends ? Segment{runs[0].first, 0, runs[0].second} : Segment{0, runs[0].first, runs[0].second}};
+    return out;
   }
   // Strided on our side, or memory the remote transport does not move (GPU memory over a
   // host-only UCX): pack into contiguous host staging before sending, or unpack after
   // receiving, with the copy transport (copy threads, or a CUDA stream), never on the
   // event loop. Chunks in flight on a link overlap one's copy with another's message.
-  msg.kind = MemoryKind::host;
+  out.msg.kind = MemoryKind::host;
   const std::uint64_t total = part.bytes();
-  Staging buffer = staging(total);
-  const auto base = reinterpret_cast<std::uint64_t>(buffer.memory.get());
-  DescriptorList copy;
-  copy.op = Op::copy;
-  copy.kind = part.kind;
-  copy.local_device = copy.remote_device = part.local_device;
+  out.buffer = staging(total);
+  const auto base = reinterpret_cast<std::uint64_t>(out.buffer.memory.get());
+  out.copy.op = Op::copy;
+  out.copy.kind = part.kind;
+  out.copy.local_device = out.copy.remote_device = part.local_device;
   std::uint64_t off = 0;
   for (const Segment& s : part.segments) {
-    if (sends) copy.segments.push_back({s.src, base + off, s.bytes, s.count, s.src_stride, s.bytes});
-    else copy.segments.push_back({base + off, s.dst, s.bytes, s.count, s.bytes, s.dst_stride});
+    if (sends) out.copy.segments.push_back({s.src, base + off, s.bytes, s.count, s.src_stride, s.bytes});
+    else out.copy.segments.push_back({base + off, s.dst, s.bytes, s.count, s.bytes, s.dst_stride});
     off += s.total();
   }
-  msg.segments = {sends ? Segment{base, 0, total} : Segment{0, base, total}};
+  out.msg.segments = {sends ? Segment{base, 0, total} : Segment{0, base, total}};
+  return out;
+}
+
+asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint64_t tag) {
+  Outgoing o = outgoing(part, tag);
+  const bool sends = part.op == Op::send;
   Status st;
-  if (sends) st = co_await copies_.post(copy);
-  if (st) st = co_await remote_->post(std::move(msg));
-  if (st && !sends) st = co_await copies_.post(copy);
-  give_back(std::move(buffer));
+  if (sends && o.staged()) st = co_await copies_.post(o.copy);
+  if (st) st = co_await remote_->post(std::move(o.msg));
+  if (st && !sends && o.staged()) st = co_await copies_.post(o.copy);
+  if (o.buffer.memory) give_back(std::move(o.buffer));
   co_return st;
 }
 
 asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
   using clock = std::chrono::steady_clock;
+  using BoundOp = BoundTransition::BoundOp;
   const auto t0 = clock::now();
   auto since = [t0] { return std::chrono::duration<double>(clock::now() - t0).count(); };
   ExecutionReport report;
@@ -325,8 +366,11 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
 
   // Each link queue gets `per_link_concurrency` workers. A link's sends and receives queue
   // apart: when one process does both (every link remote), a send waiting for its receive
-  // must not hold the worker that would post it.
+  // must not hold the worker that would post it. In rounds, one coroutine posts every
+  // two-sided chunk instead.
   const auto& links = bound.links_;
+  const bool in_rounds = (options_.rounds || grouped_) && !bound.rounds_.empty();
+  auto two_sided = [](const BoundOp& op) { return op.list.op == Op::send || op.list.op == Op::recv; };
   std::vector<std::size_t> next(links.size(), 0);
   std::vector<std::uint32_t> left = bound.unit_ops_;
   for (std::uint32_t u = 0; u < left.size(); ++u)
@@ -336,39 +380,93 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
   auto ex = co_await asio::this_coro::executor;
   AsyncScope scope(ex);
   running_ = &scope;
+  auto fail = [&](const BoundOp& op, const Status& st) {
+    if (!error.empty()) return;
+    error = "transfer " + std::to_string(op.transfer) + " (device " + std::to_string(op.src()) + " -> " +
+            std::to_string(op.dst()) + ") failed: " + st.message();
+    scope.cancel();  // the caller too: AsyncScope clears that as it ends
+  };
+  auto op_done = [&](const BoundOp& op, double start) {
+    const std::uint64_t bytes = op.list.bytes();
+    if (op.unit == BoundTransition::kNone) {  // a send: its receiver times and commits it
+      report.sent_bytes += bytes;
+      return;
+    }
+    report.timings.push_back({op.transfer, op.list.remote_device, op.list.local_device, bytes, start, since()});
+    (op.local ? report.local_bytes : report.link_bytes) += bytes;
+    if (--left[op.unit] == 0) report.commits.push_back({op.unit, since()});
+  };
   auto worker = [&](std::size_t link) -> asio::awaitable<void> {
     while (error.empty() && next[link] < links[link].size()) {
       const auto& op = bound.ops_[links[link][next[link]++]];
       const double start = since();
       Transport& tr = op.list.op == Op::copy ? copies_ : *remote_;
-      const bool two_sided = op.list.op == Op::send || op.list.op == Op::recv;
       for (std::uint32_t k = 0; k < op.parts.size(); ++k) {
         const DescriptorList& part = op.parts[k];
         Status st;  // no co_await inside ?: (GCC 12 destroys the temporaries twice)
-        if (two_sided) st = co_await message(part, message_tag(run_number, op.src(), op.dst(), op.first_message + k));
+        if (two_sided(op)) st = co_await message(part, message_tag(run_number, op.src(), op.dst(), op.first_message + k));
         else st = co_await tr.post(part);
-        if (!st) {
-          if (error.empty()) {
-            error = "transfer " + std::to_string(op.transfer) + " (device " + std::to_string(op.src()) + " -> " +
-                    std::to_string(op.dst()) + ") failed: " + st.message();
-            scope.cancel();  // this worker too: AsyncScope clears that as it ends
-          }
-          co_return;
-        }
+        if (!st) co_return fail(op, st);
         if (op.unit != BoundTransition::kNone) landed_ += part.bytes();
       }
-      const std::uint64_t bytes = op.list.bytes();
-      if (op.unit == BoundTransition::kNone) {  // a send: its receiver times and commits it
-        report.sent_bytes += bytes;
-        continue;
-      }
-      report.timings.push_back({op.transfer, op.list.remote_device, op.list.local_device, bytes, start, since()});
-      (op.local ? report.local_bytes : report.link_bytes) += bytes;
-      if (--left[op.unit] == 0) report.commits.push_back({op.unit, since()});
+      op_done(op, start);
     }
   };
-  for (std::size_t l = 0; l < links.size(); ++l)
+  // Rounds: pack the round's staged sends, post all its messages together (one group on a
+  // grouped transport), unpack its staged receives, then the next round.
+  std::vector<double> op_start(bound.ops_.size(), -1.0);
+  std::vector<std::size_t> parts_left(bound.ops_.size());
+  for (std::size_t i = 0; i < bound.ops_.size(); ++i) parts_left[i] = bound.ops_[i].parts.size();
+  auto post_one = [&](Outgoing& o, Status& st) -> asio::awaitable<void> { st = co_await remote_->post(o.msg); };
+  auto rounds = [&]() -> asio::awaitable<void> {
+    for (const auto& round : bound.rounds_) {
+      if (!error.empty()) co_return;
+      const double start = since();
+      std::vector<Outgoing> outs;
+      outs.reserve(round.size());
+      for (const auto& p : round) {
+        const BoundOp& op = bound.ops_[p.op];
+        if (op_start[p.op] < 0) op_start[p.op] = start;
+        outs.push_back(outgoing(op.parts[p.chunk], message_tag(run_number, op.src(), op.dst(), op.first_message + p.chunk)));
+      }
+      std::vector<Status> status(round.size());
+      for (std::size_t i = 0; i < outs.size() && error.empty(); ++i)
+        if (outs[i].msg.op == Op::send && outs[i].staged()) {
+          status[i] = co_await copies_.post(outs[i].copy);
+          if (!status[i]) fail(bound.ops_[round[i].op], status[i]);
+        }
+      if (error.empty() && grouped_) {
+        std::vector<DescriptorList> lists;
+        for (const Outgoing& o : outs) lists.push_back(o.msg);
+        const Status st = co_await remote_->post_group(std::move(lists));
+        if (!st) fail(bound.ops_[round.front().op], st);
+      } else if (error.empty()) {
+        AsyncScope together(ex);  // every message of the round in flight at once, as in a group
+        for (std::size_t i = 0; i < outs.size(); ++i) together.spawn(post_one(outs[i], status[i]));
+        co_await together.join();
+        for (std::size_t i = 0; i < outs.size(); ++i)
+          if (!status[i]) fail(bound.ops_[round[i].op], status[i]);
+      }
+      for (std::size_t i = 0; i < outs.size() && error.empty(); ++i)
+        if (outs[i].msg.op == Op::recv && outs[i].staged()) {
+          status[i] = co_await copies_.post(outs[i].copy);
+          if (!status[i]) fail(bound.ops_[round[i].op], status[i]);
+        }
+      for (Outgoing& o : outs)
+        if (o.buffer.memory) give_back(std::move(o.buffer));
+      if (!error.empty()) co_return;
+      for (const auto& p : round) {
+        const BoundOp& op = bound.ops_[p.op];
+        if (op.unit != BoundTransition::kNone) landed_ += op.parts[p.chunk].bytes();
+        if (--parts_left[p.op] == 0) op_done(op, op_start[p.op]);
+      }
+    }
+  };
+  for (std::size_t l = 0; l < links.size(); ++l) {
+    if (in_rounds && two_sided(bound.ops_[links[l].front()])) continue;
     for (unsigned k = 0; k < options_.per_link_concurrency && k < links[l].size(); ++k) scope.spawn(worker(l));
+  }
+  if (in_rounds) scope.spawn(rounds());
   std::string failure;
   try {
     co_await scope.join();

@@ -18,6 +18,7 @@
 #include "nereus/runtime/executor.hpp"
 #include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
+#include "nereus/transport/nccl.hpp"
 #include "nereus/transport/ucx.hpp"
 
 using namespace nereus;
@@ -164,6 +165,48 @@ TEST_CASE("GPU memory over host-only UCX: two-sided messages staged through page
     co_await ucx.shutdown();
     co_return 0;
   }());
+}
+
+TEST_CASE("nccl transport: every link an NCCL message, in grouped rounds, strided runs packed on the GPU") {
+  // One process holds every rank: one per GPU present (logical devices d on GPU d % gpus),
+  // so on one GPU every message is a send to its own rank, which NCCL allows; with two or
+  // more, messages cross GPUs. NCCL comes from NEREUS_NCCL_LIBRARY (run.sh: torch's).
+  if (!nccl_built()) {
+    MESSAGE("no NCCL in this build: skipped");
+    return;
+  }
+  const int gpus = cuda_device_count();
+  testing::Patterned r("tp=4,pp=1,dp=1", "tp=2,pp=1,dp=2,devices=4:5:6:7");
+  const auto& [plan, transfers, host] = std::tie(r.plan, r.transfers, r.w);
+  CudaMirror gpu(host, gpus);
+  asio::io_context io;
+  auto cuda = make_cuda_transport(io);
+  NcclTransportOptions no;
+  for (DeviceId d = 0; d < 8; ++d) no.devices.push_back(d);
+  no.owner_of = [](DeviceId) { return PeerId{0}; };
+  no.gpu_of = [gpus](DeviceId d) { return static_cast<int>(d) % gpus; };
+  std::unique_ptr<Transport> nccl;
+  try {
+    nccl = make_nccl_transport(io, no);
+  } catch (const Error& e) {
+    MESSAGE("nccl not measurable here: " << e.what());
+    return;
+  }
+  REQUIRE(nccl->connect(0, nccl->address()).is_ok());
+  ExecutorOptions opt;
+  opt.remote_links = true;
+  opt.chunk_bytes = 100000;  // several rounds
+  {
+    Executor ex(*cuda, nccl.get(), [](DeviceId) { return PeerId{0}; }, opt);
+    const BoundTransition bound = ex.bind(transfers, plan.target(), gpu.table);
+    CHECK(bound.rounds().size() > 1);
+    const auto report = run_on(io, ex.run(bound));
+    CHECK(report.sent_bytes == plan.summary().moved_bytes);
+    const auto again = run_on(io, ex.run(bound));  // communicators reused
+    CHECK(again.link_bytes == plan.summary().moved_bytes);
+  }
+  gpu.download(host);
+  CHECK(testing::landed_as_planned(transfers, host.table));
 }
 
 TEST_CASE("cuda transport refuses host memory, and the executor refuses a host transport for cuda memory") {

@@ -28,6 +28,12 @@ struct ExecutorOptions {
   /// Without it, links between processes still move as messages when `remote` has no
   /// gets but has tagged messages (link_path).
   bool two_sided = false;
+  /// Two-sided links in rounds (BoundTransition::rounds): a process posts one round's
+  /// sends and receives together and the next round once all of them completed, rather
+  /// than each link streaming on its own. Needed where messages between two processes
+  /// match in the order they were issued across all their links, in groups (NCCL), so
+  /// always on when `remote` says `grouped`; UCX tagged messages may ask for it.
+  bool rounds = false;
 };
 
 /// How a transfer crosses its link: the executor's per-link choice of transport and
@@ -103,6 +109,11 @@ class BoundTransition {
   /// posts them: for any two processes, the sender's messages to the receiver and the
   /// receiver's from the sender are the same list.
   std::vector<Message> messages() const;
+  /// The same messages in rounds: round r holds the messages of each link whose ordinal
+  /// is in [r·c, (r + 1)·c), c the per-link concurrency, sorted by (source, destination,
+  /// ordinal), a receive before a send. A message's round and place follow from its link
+  /// and ordinal alone, so the two processes of any link agree on both.
+  std::vector<std::vector<Message>> rounds() const;
 
  private:
   friend class Executor;
@@ -123,6 +134,10 @@ class BoundTransition {
   /// order: what run() posts and messages() lists. A link's sends and receives queue
   /// apart (key: source, destination, is a send).
   std::vector<std::vector<std::uint32_t>> links_;
+  struct Part {
+    std::uint32_t op, chunk;
+  };
+  std::vector<std::vector<Part>> rounds_;  ///< two-sided chunks in rounds (rounds())
   std::size_t landing_ops_ = 0;          ///< ops that land bytes here (not sends)
   std::uint64_t skipped_keep_ = 0;
   mutable std::uint32_t runs_ = 0;       ///< runs started: the tags' run number
@@ -175,8 +190,19 @@ class Executor {
   ExecutorOptions options_;
   AsyncScope* running_ = nullptr;
   std::uint64_t landed_ = 0;
+  /// A message as the remote transport moves it, and the copy that packs (send) or
+  /// unpacks (recv) it through `buffer` when it is staged.
+  struct Outgoing {
+    DescriptorList msg;
+    DescriptorList copy;
+    Staging buffer;
+    bool staged() const { return !copy.segments.empty(); }
+  };
+  Outgoing outgoing(const DescriptorList& part, std::uint64_t tag);
   std::vector<Staging> spare_staging_;  // reused across runs
   std::vector<MemoryKind> remote_kinds_;  // what `remote` moves; other kinds are staged through host memory
+  bool remote_strided_ = false;           // `remote` packs a message's strided runs itself
+  bool grouped_ = false;                  // `remote` posts messages in groups: always rounds
 };
 
 }  // namespace nereus

@@ -19,6 +19,7 @@
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
+#include "nereus/transport/nccl.hpp"
 #include "nereus/transport/ucx.hpp"
 
 namespace nereus {
@@ -45,6 +46,9 @@ struct ReshardSpec {
   /// Links between processes as UCX tagged messages, sender and receiver both posting
   /// (ExecutorOptions::two_sided), instead of gets.
   bool two_sided = false;
+  /// Two-sided links in rounds (ExecutorOptions::rounds), as NCCL needs; asked for here
+  /// so that UCX tagged messages run the same schedule across real processes.
+  bool rounds = false;
   /// Units in CUDA memory (logical device d on GPU d mod the GPUs present), copied inside
   /// a process by the cuda transport; between processes over UCX as two-sided messages
   /// staged through host memory, or, with `ipc`, by CUDA IPC gets.
@@ -52,6 +56,9 @@ struct ReshardSpec {
   /// Between processes, the cuda transport's CUDA IPC gets (processes of one machine)
   /// instead of UCX. Needs `cuda`; not with two_sided.
   bool ipc = false;
+  /// Between processes, NCCL sends and receives (transport/nccl.hpp) in grouped rounds:
+  /// one rank per (process, GPU). Needs `cuda`; not with `ipc`.
+  bool nccl = false;
 };
 
 /// The reshard to run, planned the same way in every process.
@@ -133,7 +140,8 @@ class Participant {
   std::unique_ptr<Transport> cuda_;    // cuda memory: copies and IPC gets
   UnitStore store_;
   LocalTransport local_;
-  Transport& remote() { return ucx_ ? static_cast<Transport&>(*ucx_) : *cuda_; }
+  std::unique_ptr<Transport> nccl_;   // cuda memory between processes, as NCCL messages
+  Transport& remote() { return nccl_ ? *nccl_ : ucx_ ? static_cast<Transport&>(*ucx_) : *cuda_; }
   std::vector<Registration> regs_;
   std::vector<std::pair<const std::byte*, std::size_t>> mapped_sources_;  // what warm() touches
   std::unique_ptr<Executor> ex_;

@@ -79,6 +79,13 @@ struct Capabilities {
   bool strided = false;  ///< handles count > 1 natively (else the caller expands)
   std::vector<MemoryKind> memory;
   bool two_sided = false;  ///< send and recv of tagged messages
+  /// Messages must be posted in rounds, every process posting a round's sends and
+  /// receives together through post_group() (NCCL: one ncclGroupStart/End, whose sends
+  /// and receives between two ranks match in the order they were issued).
+  bool grouped = false;
+  /// A message's runs may be strided on its side: the transport packs before sending and
+  /// unpacks after receiving (in its own stream order), so the caller stages nothing.
+  bool strided_messages = false;
 };
 
 /// A transport backend. post() never blocks the calling executor's thread.
@@ -111,6 +118,13 @@ class Transport {
   /// Moves every byte of `list`; completes (on the caller's executor) when all landed,
   /// on the first error, or when cancelled through the awaiting coroutine.
   virtual asio::awaitable<Status> post(DescriptorList list) = 0;
+
+  /// Moves the lists (sends and receives) as one group and completes when every byte of
+  /// them moved. Transports that say `grouped` implement it; others need not.
+  virtual asio::awaitable<Status> post_group(std::vector<DescriptorList> lists) {
+    (void)lists;
+    co_return Status{StatusCode::not_supported, std::string(name()) + " has no grouped posts"};
+  }
 
   /// Host memory for staging that this transport copies to and from without blocking the
   /// caller (page-locked for CUDA, whose copies from ordinary memory are synchronous);
