@@ -1,9 +1,16 @@
 // GPU figures, each measured in the same run (benches/gpu/run.sh prints them with the GPU
 // suite's outcome): the GPU's own cudaMemcpy device-to-device bandwidth, and a reshard
 // between logical devices carved out of the GPUs present (llama-3.1-8b tp=8 → tp=2,dp=4,
-// weights only) through the executor and the cuda transport. One JSON line. Exits 77 when
-// no CUDA device is present. --smoke: tiny-llama, to check that it runs.
+// weights only) through the executor and the cuda transport; the same llama-3.2-1b reshard
+// with every link an NCCL message (the nccl transport, one rank per GPU present) against
+// raw ncclSend/ncclRecv of the same bytes in one group, on the same ranks. One JSON line.
+// Exits 77 when no CUDA device is present. --smoke: fewer runs, to check that it runs.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+#define NEREUS_BENCH_NCCL 1
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +29,7 @@
 #include "nereus/plan/reshard.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/transport/cuda.hpp"
+#include "nereus/transport/nccl.hpp"
 
 using namespace nereus;
 using json = nlohmann::json;
@@ -70,7 +78,8 @@ T run(asio::io_context& io, asio::awaitable<T> a) {
   return std::move(*out);
 }
 
-json reshard(const std::string& model, const std::string& from, const std::string& to, int repeat, int gpus) {
+/// `via_nccl`: every link an NCCL message (remote_links), else cuda copies.
+json reshard(const std::string& model, const std::string& from, const std::string& to, int repeat, int gpus, bool via_nccl = false) {
   auto m = load_model(model);
   const auto src = Collection::from_spec(m, "s", parse_collection_spec(from), false);
   const auto dst = Collection::from_spec(m, "t", parse_collection_spec(to), false);
@@ -92,7 +101,18 @@ json reshard(const std::string& model, const std::string& from, const std::strin
   cudaDeviceSynchronize();
   asio::io_context io;
   auto cuda = make_cuda_transport(io);
-  Executor ex(*cuda, nullptr, [](DeviceId) { return PeerId{0}; });
+  std::unique_ptr<Transport> nccl;
+  ExecutorOptions eo;
+  if (via_nccl) {
+    NcclTransportOptions no;
+    for (const auto& [d, dev] : devices) no.devices.push_back(d);
+    no.owner_of = [](DeviceId) { return PeerId{0}; };
+    no.gpu_of = [gpus](DeviceId d) { return static_cast<int>(d) % gpus; };
+    nccl = make_nccl_transport(io, std::move(no));
+    if (Status st = nccl->connect(0, nccl->address()); !st) throw Error(st.message());
+    eo.remote_links = true;
+  }
+  Executor ex(*cuda, nccl.get(), [](DeviceId) { return PeerId{0}; }, eo);
   const BoundTransition bound = ex.bind(transfers, plan.target(), table);
   std::vector<double> secs;
   std::uint64_t copied = 0;
@@ -106,6 +126,74 @@ json reshard(const std::string& model, const std::string& from, const std::strin
           {"seconds_median", s}, {"moved_bytes", plan.summary().moved_bytes},
           {"gbps", static_cast<double>(plan.summary().moved_bytes) / s / 1e9}, {"copied_bytes", copied},
           {"copy_gbps", static_cast<double>(copied) / s / 1e9}};
+}
+
+#ifdef NEREUS_BENCH_NCCL
+/// Raw NCCL in this process, one rank per GPU (ncclCommInitAll): `bytes` sent from rank 0
+/// to rank 1 % gpus (to itself on one GPU) as one ncclSend/ncclRecv pair in one group; the
+/// median seconds of `repeat` after a warm-up. The same library the transport loads.
+double raw_nccl_seconds(std::uint64_t bytes, int repeat, int gpus) {
+  const char* env = std::getenv("NEREUS_NCCL_LIBRARY");
+  void* lib = ::dlopen(env && *env ? env : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) throw Error("raw NCCL: cannot load the library");
+  auto sym = [lib](const char* name) {
+    void* f = ::dlsym(lib, name);
+    if (!f) throw Error(std::string("raw NCCL: no ") + name);
+    return f;
+  };
+  auto init_all = reinterpret_cast<decltype(&::ncclCommInitAll)>(sym("ncclCommInitAll"));
+  auto group_start = reinterpret_cast<decltype(&::ncclGroupStart)>(sym("ncclGroupStart"));
+  auto group_end = reinterpret_cast<decltype(&::ncclGroupEnd)>(sym("ncclGroupEnd"));
+  auto send = reinterpret_cast<decltype(&::ncclSend)>(sym("ncclSend"));
+  auto recv = reinterpret_cast<decltype(&::ncclRecv)>(sym("ncclRecv"));
+  auto destroy = reinterpret_cast<decltype(&::ncclCommDestroy)>(sym("ncclCommDestroy"));
+  const int peer = 1 % gpus, ranks = std::min(gpus, 2);
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(ranks));
+  std::vector<int> list(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) list[static_cast<std::size_t>(r)] = r;
+  if (init_all(comms.data(), ranks, list.data()) != ncclSuccess) throw Error("raw NCCL: ncclCommInitAll failed");
+  void *a = nullptr, *b = nullptr;
+  cudaStream_t sa = nullptr, sb = nullptr;
+  cudaSetDevice(0);
+  cudaMalloc(&a, bytes);
+  cudaStreamCreate(&sa);
+  cudaSetDevice(peer);
+  cudaMalloc(&b, bytes);
+  cudaStreamCreate(&sb);
+  std::vector<double> secs;
+  for (int i = 0; i <= repeat; ++i) {
+    const auto t0 = clock_type::now();
+    group_start();
+    send(a, bytes, ncclUint8, peer, comms[0], sa);
+    recv(b, bytes, ncclUint8, 0, comms[static_cast<std::size_t>(peer)], sb);
+    if (group_end() != ncclSuccess) throw Error("raw NCCL: the group failed");
+    cudaStreamSynchronize(sa);
+    cudaStreamSynchronize(sb);
+    if (i > 0) secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  for (ncclComm_t c : comms) destroy(c);
+  cudaFree(a);
+  cudaFree(b);
+  cudaStreamDestroy(sa);
+  cudaStreamDestroy(sb);
+  return median(secs);
+}
+#endif
+
+/// The reshard through the nccl transport against raw NCCL of its moved bytes.
+json nccl_figures(bool smoke, int gpus) {
+#ifdef NEREUS_BENCH_NCCL
+  // The same GPUs for both: one, or GPUs 0 and 1 (logical devices alternate between them).
+  json t = reshard("llama-3.2-1b", "tp=4,pp=1,dp=1", "tp=2,pp=1,dp=2", smoke ? 1 : 5, std::min(gpus, 2), true);
+  const auto moved = t["moved_bytes"].get<std::uint64_t>();
+  const double raw = raw_nccl_seconds(moved, smoke ? 1 : 5, gpus);
+  return {{"transport", t}, {"raw_seconds_median", raw}, {"raw_gbps", static_cast<double>(moved) / raw / 1e9},
+          {"ratio_to_raw", raw / t["seconds_median"].get<double>()},
+          {"ranks", std::min(gpus, 2)}, {"note", gpus >= 2 ? "GPU 0 to GPU 1" : "one GPU: sends to its own rank"}};
+#else
+  (void)smoke, (void)gpus;
+  return "not built: no nccl.h";
+#endif
 }
 
 }  // namespace
@@ -129,8 +217,11 @@ int main(int argc, char** argv) {
     out["reshard_d2d"] = small;
     if (!smoke) out["llama_3_1_8b_tp8_to_tp2_dp4"] = reshard("llama-3.1-8b", "tp=8,pp=1,dp=1", "tp=2,pp=1,dp=4", 3, gpus);
     // Cross-process (CUDA IPC) reshards: run.sh runs `nereus bench transition --transport cuda`.
-    out["nccl"] = gpus >= 2 ? "not measured: the NCCL transport is not built yet"
-                            : "not measurable: NCCL refuses two ranks on one GPU";
+    try {
+      out["nccl"] = nccl_figures(smoke, gpus);
+    } catch (const std::exception& e) {
+      out["nccl"] = {{"error", e.what()}};
+    }
     std::printf("%s\n", out.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

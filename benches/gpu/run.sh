@@ -16,6 +16,13 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR="$here/lib" UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
+# NCCL: the machine's own (the pack carries none), found before anything uses it.
+if [ -z "${NEREUS_NCCL_LIBRARY:-}" ]; then
+  for dir in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
+    found=$(find "$dir/" -maxdepth 6 -name 'libnccl.so.2' 2>/dev/null | head -1)
+    [ -n "$found" ] && { export NEREUS_NCCL_LIBRARY=$found; break; }
+  done
+fi
 suite_log=$(mktemp)
 timeout 300 "$here/test-gpu" > "$suite_log" 2>&1
 suite_rc=$?
@@ -29,12 +36,6 @@ two_json=$(timeout 120 "$here/nereus" "${reshard[@]}" --procs 2 2>&1 | tail -1)
 staged=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --memory cuda --transport ucx-tag
         --procs 2 --verify --repeat 5 --json --quiet)
 staged_json=$(timeout 120 "$here/nereus" "${staged[@]}" 2>&1 | tail -1)
-if [ -z "${NEREUS_NCCL_LIBRARY:-}" ]; then
-  for dir in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
-    found=$(find "$dir/" -maxdepth 6 -name 'libnccl.so.2' 2>/dev/null | head -1)
-    [ -n "$found" ] && { export NEREUS_NCCL_LIBRARY=$found; break; }
-  done
-fi
 nccl=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport nccl --verify --repeat 5
       --json --quiet)
 nccl_one=$(timeout 120 "$here/nereus" "${nccl[@]}" 2>&1 | tail -1)
