@@ -61,8 +61,11 @@ PeerInfo Participant::publish() {
   PeerInfo info;
   info.rank = self_;
   info.address = remote().address();
-  const auto kinds = remote().capabilities().memory;
+  const Capabilities can = remote().capabilities();
+  const auto& kinds = can.memory;
   for (auto& [d, dev] : store_.devices()) {
+    // Peers reach regions only with gets; a two-sided-only transport (NCCL) has no keys.
+    if (!can.remote_get) break;
     // Memory the remote transport does not move travels as staged messages: no region.
     if (std::find(kinds.begin(), kinds.end(), dev->kind()) == kinds.end()) continue;
     regs_.push_back(remote().register_memory({dev->arena(), dev->capacity(), d, dev->kind()}));
