@@ -67,6 +67,7 @@
 #include "nereus/sim/trace.hpp"
 #include "nereus/transport/chaos.hpp"
 #include "nereus/transport/cuda.hpp"
+#include "nereus/transport/mixed.hpp"
 #include "nereus/transport/nccl.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/transport.hpp"

@@ -185,6 +185,13 @@ for extra, flag in [(["--transport", "cuda"], "--transport cuda: "), (["--transp
                         "tp=1,pp=1,dp=2", *extra], capture_output=True, text=True, timeout=60)
     check(p.returncode == 1 and flag in p.stderr and len(p.stderr.strip().splitlines()) == 1,
           f"{extra} without a GPU: one clear error ({p.stderr.strip()[-300:]})")
+# Emulated machines and what crosses them are for GPU memory beside CUDA IPC: one line each.
+for extra, want in [(["--transport", "ucx", "--procs", "2", "--nodes", "2"], "--nodes emulates machines"),
+                    (["--transport", "ucx", "--procs", "2", "--across", "nccl"], "--across nccl is for the links"),
+                    (["--transport", "auto", "--procs", "2", "--nodes", "3"], "--nodes 3 must be between 1 and --procs (2)")]:
+    p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
+                        "tp=1,pp=1,dp=2", *extra], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1 and want in p.stderr and len(p.stderr.strip().splitlines()) == 1, f"{extra}: one clear error ({p.stderr.strip()})")
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--procs", "2"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")

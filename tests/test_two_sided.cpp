@@ -214,7 +214,7 @@ TEST_CASE("link path: copies inside a process, gets across, messages where asked
   CHECK(link_path(false, false, nullptr, plain) == LinkPath::none);
   CHECK(link_path(false, false, &neither, plain) == LinkPath::none);
   CHECK(link_path(false, false, &gets, plain) == LinkPath::get);
-  CHECK(link_path(false, false, &gets, forced) == LinkPath::none);
+  CHECK(link_path(false, false, &gets, forced) == LinkPath::get);  // messages where the peer's transport has them
   CHECK(link_path(false, false, &tags, plain) == LinkPath::message);  // NCCL: no gets
   CHECK(link_path(false, false, &both, plain) == LinkPath::get);      // UCX: gets unless asked
   CHECK(link_path(false, false, &both, forced) == LinkPath::message);

@@ -7,7 +7,9 @@
 #    "two_processes": {...}, "ratio": two-process GB/s over one-process GB/s},
 #    "staged_ucx_tag": {...},   (GPU memory across two processes over UCX tagged messages,
 #    staged through page-locked host memory: the path between machines without CUDA-aware UCX)
-#    "nccl": {"library": path, "one_process": {...}, "two_processes": {...} or why not}}
+#    "nccl": {"library": path, "one_process": {...}, "two_processes": {...} or why not},
+#    "mixed": {...}}   (4 processes as 2 emulated machines: CUDA IPC inside each, UCX tagged
+#    messages staged through host memory across, in one transition; `transports` has both)
 #    (every link an NCCL message in grouped rounds; NCCL comes from NEREUS_NCCL_LIBRARY or the
 #    machine's own, PyTorch's say: the pack carries none. Across two processes only with two
 #    or more GPUs: NCCL refuses two ranks on one GPU.)
@@ -42,7 +44,10 @@ nccl_one=$(timeout 120 "$here/nereus" "${nccl[@]}" 2>&1 | tail -1)
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$gpus" -ge 2 ]; then nccl_two=$(timeout 120 "$here/nereus" "${nccl[@]}" --procs 2 2>&1 | tail -1)
 else nccl_two="{\"not_measured\": \"$gpus GPU(s): NCCL refuses two ranks on one GPU\"}"; fi
-python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" <<'PY'
+mixed=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --memory cuda --transport auto
+       --procs 4 --nodes 2 --verify --repeat 5 --json --quiet)
+mixed_json=$(timeout 120 "$here/nereus" "${mixed[@]}" 2>&1 | tail -1)
+python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" <<'PY'
 import json, sys
 rc, log = int(sys.argv[1]), open(sys.argv[2]).read()
 def parsed(text):
@@ -55,6 +60,8 @@ ipc = {"one_process": one, "two_processes": two}
 if one.get("gbps") and two.get("gbps"):
     ipc["ratio"] = two["gbps"] / one["gbps"]
 nccl = {"library": sys.argv[9], "one_process": nccl_one, "two_processes": nccl_two}
-print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl}))
+mixed = parsed(sys.argv[10])
+print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl,
+                  "mixed": mixed}))
 PY
 rm -f "$suite_log"

@@ -24,9 +24,17 @@ struct TransitionConfig : ReshardSpec {
   /// messages in grouped rounds.
   std::string transport = "local";
   std::string memory = "host";  ///< host | cuda: where the units live (`cuda` set to match)
+  /// Machines emulated on this one: worker r of procs is on machine r·nodes/procs, and CUDA
+  /// IPC reaches only its own machine's workers; links across take `across`.
+  int nodes = 1;
+  std::string across = "ucx";  ///< ucx (tagged messages, GPU memory staged) | nccl
+  /// The machine of worker `rank` (its CUDA IPC identity; empty with one node).
+  std::string machine_of(int rank) const { return nodes > 1 ? "node" + std::to_string(rank * nodes / procs) : ""; }
   /// What moves links inside a process, and between processes.
   std::string local_name() const { return cuda ? "cuda" : "local"; }
-  std::string remote_name() const { return nccl ? "nccl" : ipc ? "cuda-ipc" : transport == "ucx-tag" ? "ucx-tag" : "ucx"; }
+  std::string remote_name() const { return ipc ? "cuda-ipc" : nccl ? "nccl" : transport == "ucx-tag" ? "ucx-tag" : "ucx"; }
+  /// What links between machines take (with ipc: the mixed transport's second route).
+  std::string across_name() const { return ipc ? (nccl ? "nccl" : "ucx-tag") : remote_name(); }
   /// One process, and every link between its devices through UCX (--transport ucx or
   /// ucx-tag) or NCCL: what the bench measures of them without a second process.
   bool every_link_remote() const {
@@ -75,6 +83,8 @@ struct TransferLabels {
   bool links_remote = false;      ///< every link through the remote transport
   std::string remote = "ucx";     ///< its name: ucx (gets), ucx-tag (tagged messages), cuda-ipc
   std::string local = "local";    ///< what links inside a process take: local, cuda
+  std::function<int(int)> machine = [](int) { return 0; };  ///< process → its (emulated) machine
+  std::string across = "ucx";     ///< what links between machines take
   std::string operator()(int src, int dst) const;
 };
 /// The labels for a run of `c` over `p`'s devices; `devices_per_node` with --daemons.

@@ -145,7 +145,8 @@ std::string link_plot(const TransitionConfig& c, const std::map<int, json>& timi
 
 std::string TransferLabels::operator()(int src, int dst) const {
   if (src == dst) return "local copy";
-  return links_remote || owner(src) != owner(dst) ? remote : local;
+  if (!links_remote && owner(src) == owner(dst)) return local;
+  return machine(owner(src)) != machine(owner(dst)) ? across : remote;
 }
 
 TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node) {
@@ -157,7 +158,9 @@ TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int
     std::map<int, int> owner;
     for (int r = 0; r < c.procs; ++r)
       for (DeviceId d : devices_of(p.devices, r, c.procs)) owner[static_cast<int>(d)] = r;
-    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false, c.remote_name(), c.local_name()};
+    const int procs = c.procs, nodes = c.nodes;
+    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false, c.remote_name(), c.local_name(),
+            [procs, nodes](int r) { return r * nodes / procs; }, c.across_name()};
   }
   return {[](int) { return 0; }, c.every_link_remote(), c.remote_name(), c.local_name()};
 }
@@ -197,6 +200,10 @@ Prepared prepare(const TransitionConfig& c) {
   if (c.procs > 1 && c.transport == "local")
     throw Error("--transport local moves bytes inside one process; use --transport ucx, ucx-tag, auto, cuda or nccl with --procs " + std::to_string(c.procs));
   if (c.repeat < 1) throw Error("--repeat must be at least 1");
+  if (c.nodes < 1 || c.nodes > c.procs) throw Error("--nodes " + std::to_string(c.nodes) + " must be between 1 and --procs (" + std::to_string(c.procs) + ")");
+  if (c.nodes > 1 && !c.ipc)
+    throw Error("--nodes emulates machines that CUDA IPC does not cross: it needs --transport cuda or auto with --memory cuda");
+  if (c.across == "nccl" && !c.ipc) throw Error("--across nccl is for the links CUDA IPC does not reach: it needs --transport cuda or auto with --memory cuda");
   Prepared p = prepare_reshard(c);
   if (c.procs > static_cast<int>(p.devices.size()))
     throw Error("--procs " + std::to_string(c.procs) + " exceeds the " + std::to_string(p.devices.size()) + " devices");

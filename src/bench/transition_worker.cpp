@@ -111,7 +111,9 @@ int run_worker(const TransitionConfig& c) {
     }
     return PeerId{0};
   };
-  Participant part(io, c, p, devices_of(p.devices, c.worker_rank, c.procs), static_cast<PeerId>(c.worker_rank), owner);
+  TransitionConfig mine = c;
+  mine.machine = c.machine_of(c.worker_rank);  // this worker's (emulated) machine, for CUDA IPC
+  Participant part(io, mine, p, devices_of(p.devices, c.worker_rank, c.procs), static_cast<PeerId>(c.worker_rank), owner);
   std::exception_ptr err;
   asio::co_spawn(io, [&]() -> asio::awaitable<void> {
     std::string failed;

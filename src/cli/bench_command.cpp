@@ -27,6 +27,12 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
       ->check(CLI::IsMember({"host", "cuda"}));
   t->add_option("--procs", c->procs, "worker processes (devices split evenly); > 1 needs --transport ucx, ucx-tag, auto, cuda or nccl")
       ->check(CLI::PositiveNumber);
+  t->add_option("--nodes", c->nodes,
+                 "machines to emulate on this one (worker r on machine r*nodes/procs): CUDA IPC inside each, --across between")
+      ->check(CLI::PositiveNumber);
+  t->add_option("--across", c->across, "ucx | nccl: what links between machines take beside CUDA IPC (default ucx: tagged "
+                                       "messages, GPU memory staged through host memory)")
+      ->check(CLI::IsMember({"ucx", "nccl"}));
   t->add_flag("--rounds", c->rounds,
               "two-sided links in rounds, each round's messages posted together (as NCCL needs; nccl always does)");
   t->add_option("--repeat", c->repeat, "runs to time (default 3)")->check(CLI::PositiveNumber);
@@ -54,7 +60,7 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--inject-kill-node", c->kill_node)->group("");
   t->callback([c, &argv] {
     c->two_sided = c->transport == "ucx-tag";
-    c->nccl = c->transport == "nccl";
+    c->nccl = c->transport == "nccl" || c->across == "nccl";
     c->cuda = c->transport == "cuda" || c->transport == "nccl" || c->memory == "cuda";
     c->ipc = c->cuda && (c->transport == "cuda" || c->transport == "auto");
     const int rc = bench::run_transition_bench(*c, argv);

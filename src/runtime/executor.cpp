@@ -13,12 +13,6 @@ namespace nereus {
 Executor::Executor(Transport& copies, Transport* remote, std::function<PeerId(DeviceId)> owner_of,
                    ExecutorOptions options)
     : copies_(copies), remote_(remote), owner_of_(std::move(owner_of)), options_(options) {
-  if (remote_) {
-    const Capabilities can = remote_->capabilities();
-    remote_kinds_ = can.memory;
-    remote_strided_ = can.strided_messages;
-    grouped_ = can.grouped;
-  }
   if (options_.per_link_concurrency == 0) options_.per_link_concurrency = 1;
   if (options_.chunk_bytes == 0) options_.chunk_bytes = 64 << 20;
 }
@@ -117,7 +111,7 @@ LinkPath link_path(bool same_device, bool same_process, const Capabilities* remo
   if (same_device || (same_process && !(options.remote_links && remote))) return LinkPath::copy;
   if (!remote) return LinkPath::none;
   if (remote->two_sided && (options.two_sided || !remote->remote_get)) return LinkPath::message;
-  if (remote->remote_get && !options.two_sided) return LinkPath::get;
+  if (remote->remote_get) return LinkPath::get;
   return LinkPath::none;
 }
 
@@ -131,17 +125,26 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
   // What each transport can move, asked once.
   const std::vector<MemoryKind> copies_move = copies_.capabilities().memory;
   const Capabilities remote_can = remote_ ? remote_->capabilities() : Capabilities{};
+  // Per peer: a mixed transport reaches peers by different means. Asked once each.
+  std::map<PeerId, Capabilities> can_of;
+  auto reach_of = [&](PeerId peer) -> const Capabilities* {
+    if (!remote_) return nullptr;
+    auto it = can_of.find(peer);
+    if (it == can_of.end()) it = can_of.emplace(peer, remote_->capabilities_for(peer)).first;
+    return &it->second;
+  };
   if (options_.two_sided && !remote_can.two_sided)
     throw Error(std::string("two-sided links need a transport with tagged messages; ") +
                 (remote_ ? std::string(remote_->name()) + " has none" : "no remote transport is set"));
   auto moves = [](const std::vector<MemoryKind>& kinds, MemoryKind k) { return std::find(kinds.begin(), kinds.end(), k) != kinds.end(); };
-  // A message's own side may also be staged through host memory: the copy transport moves
-  // it there (GPU memory over a host-only UCX).
-  const bool stage_through_host = moves(remote_can.memory, MemoryKind::host);
-  auto check_kind = [&](const Transfer& t, std::size_t i, bool local, MemoryKind kind, const char* end, bool message = false) {
+  auto check_kind = [&](const Transfer& t, std::size_t i, bool local, MemoryKind kind, const char* end, const Capabilities* reach,
+                        bool message = false) {
     // A transport moves only the kinds it says it can (a host-only transport handed GPU
-    // memory would read garbage or crash), so a mismatch is an error here.
-    if (moves(local ? copies_move : remote_can.memory, kind)) return;
+    // memory would read garbage or crash), so a mismatch is an error here. A message's own
+    // side may also be staged through host memory: the copy transport moves it there (GPU
+    // memory over a host-only UCX).
+    const bool stage_through_host = reach && moves(reach->memory, MemoryKind::host);
+    if (moves(local ? copies_move : reach->memory, kind)) return;
     if (message && stage_through_host && moves(copies_move, kind)) return;
     throw Error(describe(t, i) + ": its " + end + " is " + std::string(to_string(kind)) + " memory, which the " +
                 std::string((local ? copies_ : *remote_).name()) + " transport does not move" +
@@ -149,14 +152,14 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
                      ? " (as two-sided messages it would be staged through host memory)"
                      : ""));
   };
-  const Capabilities* reach = remote_ ? &remote_can : nullptr;
   for (std::size_t i = 0; i < transfers.size(); ++i) {
     const Transfer& t = transfers[i];
     const bool dst_here = owner_of_(t.dst) == options_.self;
     // A message is sent by the source's process (and, with every link remote, received
     // by this same process when the destination is here too).
+    const Capabilities* to_dst = reach_of(owner_of_(t.dst));
     const bool send_here = owner_of_(t.src) == options_.self && t.src != t.dst &&
-                           link_path(false, dst_here, reach, options_) == LinkPath::message;
+                           link_path(false, dst_here, to_dst, options_) == LinkPath::message;
     if (!dst_here && !send_here) continue;
     auto unit = unit_of.find(t.dst);
     if (unit == unit_of.end()) throw Error(describe(t, i) + ": destination device is not in the target collection");
@@ -171,8 +174,10 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       // The receiver checks its own buffer; here only the layout of its runs matters (the
       // offsets give both ends the same segments, hence the same chunks).
       if (src->owner != options_.self) throw Error(describe(t, i) + ": source buffer is bound in another process");
-      check_kind(t, i, false, src->kind, "source", true);
+      check_kind(t, i, false, src->kind, "source", to_dst, true);
       BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), BoundTransition::kNone, {}, false, {}};
+      op.grouped = to_dst->grouped;
+      op.in_rounds = options_.rounds || op.grouped;
       op.list.op = Op::send;
       op.list.kind = src->kind;
       op.list.peer = owner_of_(t.dst);
@@ -190,6 +195,7 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       b.skipped_keep_ += t.bytes;
       continue;
     }
+    const Capabilities* reach = reach_of(src->owner);
     const LinkPath path = link_path(t.src == t.dst, src->owner == options_.self, reach, options_);
     if (path == LinkPath::none && !remote_)
       throw Error(describe(t, i) + ": its source is in process " + std::to_string(src->owner) + " but no remote transport is set");
@@ -197,9 +203,11 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       throw Error(describe(t, i) + ": its source is in process " + std::to_string(src->owner) + " and the " +
                   std::string(remote_->name()) + " transport has neither gets nor tagged messages");
     const bool local = path == LinkPath::copy;
-    if (path != LinkPath::message) check_kind(t, i, local, src->kind, "source");  // a sender stages its own side
-    check_kind(t, i, local, dst->kind, "destination", path == LinkPath::message);
+    if (path != LinkPath::message) check_kind(t, i, local, src->kind, "source", reach);  // a sender stages its own side
+    check_kind(t, i, local, dst->kind, "destination", reach, path == LinkPath::message);
     BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), unit->second, {}, t.src == t.dst, {}};
+    op.grouped = path == LinkPath::message && reach->grouped;
+    op.in_rounds = path == LinkPath::message && (options_.rounds || op.grouped);
     op.list.op = local ? Op::copy : path == LinkPath::message ? Op::recv : Op::get;
     op.list.kind = dst->kind;
     op.list.peer = src->owner;
@@ -232,7 +240,7 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
   const unsigned c = options_.per_link_concurrency;
   for (std::uint32_t i = 0; i < b.ops_.size(); ++i) {
     const auto& op = b.ops_[i];
-    if (op.list.op != Op::send && op.list.op != Op::recv) continue;
+    if (!op.in_rounds) continue;
     for (std::uint32_t k = 0; k < op.parts.size(); ++k) {
       const std::uint32_t ordinal = op.first_message + k;
       by_round[{ordinal / c, op.src(), op.dst(), ordinal, op.list.op == Op::send}] = {i, k};
@@ -305,8 +313,9 @@ Executor::Outgoing Executor::outgoing(const DescriptorList& part, std::uint64_t 
   Outgoing out;
   out.msg = part;
   out.msg.tag = tag;
-  const bool remote_moves_it = std::find(remote_kinds_.begin(), remote_kinds_.end(), part.kind) != remote_kinds_.end();
-  if (remote_moves_it && remote_strided_) return out;  // the transport packs and unpacks itself
+  const Capabilities can = remote_->capabilities_for(part.peer);
+  const bool remote_moves_it = std::find(can.memory.begin(), can.memory.end(), part.kind) != can.memory.end();
+  if (remote_moves_it && can.strided_messages) return out;  // the transport packs and unpacks itself
   // Our side's runs, in message order; contiguous when each starts where the last ended.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;  // address, bytes
   for (const Segment& s : part.segments) {
@@ -369,7 +378,6 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
   // must not hold the worker that would post it. In rounds, one coroutine posts every
   // two-sided chunk instead.
   const auto& links = bound.links_;
-  const bool in_rounds = (options_.rounds || grouped_) && !bound.rounds_.empty();
   auto two_sided = [](const BoundOp& op) { return op.list.op == Op::send || op.list.op == Op::recv; };
   std::vector<std::size_t> next(links.size(), 0);
   std::vector<std::uint32_t> left = bound.unit_ops_;
@@ -418,6 +426,9 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
   std::vector<std::size_t> parts_left(bound.ops_.size());
   for (std::size_t i = 0; i < bound.ops_.size(); ++i) parts_left[i] = bound.ops_[i].parts.size();
   auto post_one = [&](Outgoing& o, Status& st) -> asio::awaitable<void> { st = co_await remote_->post(o.msg); };
+  auto post_grouped = [&](std::vector<DescriptorList> lists, Status& st) -> asio::awaitable<void> {
+    st = co_await remote_->post_group(std::move(lists));
+  };
   auto rounds = [&]() -> asio::awaitable<void> {
     for (const auto& round : bound.rounds_) {
       if (!error.empty()) co_return;
@@ -435,17 +446,25 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
           status[i] = co_await copies_.post(outs[i].copy);
           if (!status[i]) fail(bound.ops_[round[i].op], status[i]);
         }
-      if (error.empty() && grouped_) {
-        std::vector<DescriptorList> lists;
-        for (const Outgoing& o : outs) lists.push_back(o.msg);
-        const Status st = co_await remote_->post_group(std::move(lists));
-        if (!st) fail(bound.ops_[round.front().op], st);
-      } else if (error.empty()) {
-        AsyncScope together(ex);  // every message of the round in flight at once, as in a group
-        for (std::size_t i = 0; i < outs.size(); ++i) together.spawn(post_one(outs[i], status[i]));
+      if (error.empty()) {
+        // Every message of the round in flight at once: those of grouped peers as one group
+        // (NCCL), the others each on its own.
+        AsyncScope together(ex);
+        std::vector<DescriptorList> group;
+        std::size_t first_grouped = round.size();
+        for (std::size_t i = 0; i < outs.size(); ++i)
+          if (bound.ops_[round[i].op].grouped) {
+            group.push_back(outs[i].msg);
+            first_grouped = std::min(first_grouped, i);
+          } else {
+            together.spawn(post_one(outs[i], status[i]));
+          }
+        Status group_status;
+        if (!group.empty()) together.spawn(post_grouped(std::move(group), group_status));
         co_await together.join();
         for (std::size_t i = 0; i < outs.size(); ++i)
           if (!status[i]) fail(bound.ops_[round[i].op], status[i]);
+        if (!group_status) fail(bound.ops_[round[first_grouped].op], group_status);
       }
       for (std::size_t i = 0; i < outs.size() && error.empty(); ++i)
         if (outs[i].msg.op == Op::recv && outs[i].staged()) {
@@ -463,10 +482,10 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
     }
   };
   for (std::size_t l = 0; l < links.size(); ++l) {
-    if (in_rounds && two_sided(bound.ops_[links[l].front()])) continue;
+    if (bound.ops_[links[l].front()].in_rounds) continue;  // a link queue's ops share one path and peer
     for (unsigned k = 0; k < options_.per_link_concurrency && k < links[l].size(); ++k) scope.spawn(worker(l));
   }
-  if (in_rounds) scope.spawn(rounds());
+  if (!bound.rounds_.empty()) scope.spawn(rounds());
   std::string failure;
   try {
     co_await scope.join();

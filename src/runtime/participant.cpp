@@ -31,15 +31,15 @@ Participant::Participant(asio::io_context& io, const ReshardSpec& c, const Prepa
       mine_(std::move(mine)),
       self_(self),
       owner_(std::move(owner)),
-      ucx_(c.ipc || c.nccl ? nullptr : std::make_unique<UcxTransport>(io, ucx_options(c))),
-      cuda_(c.cuda ? make_cuda_transport(io) : nullptr),
+      ucx_(c.nccl ? nullptr : std::make_unique<UcxTransport>(io, ucx_options(c))),
+      cuda_(c.cuda ? make_cuda_transport(io, {.machine = c.machine}) : nullptr),
       store_(p.plan, mine_, c.capacity.empty() ? 0 : parse_capacity(c.capacity), self, c.shared_arenas ? ucx_.get() : nullptr,
              c.cuda ? MemoryKind::cuda : MemoryKind::host, c.cuda ? std::max(1, cuda_device_count()) : 1),
       local_({c.copy_threads, 1 << 20}),
       scope_(io.get_executor()) {
   if (c.ipc && !c.cuda) throw Error("CUDA IPC moves GPU memory: the units must be in CUDA memory");
   if (c.ipc && c.two_sided) throw Error("CUDA IPC moves by gets; two-sided messages need UCX or NCCL");
-  if (c.nccl && (!c.cuda || c.ipc)) throw Error("NCCL moves GPU memory between processes: the units must be in CUDA memory, without CUDA IPC");
+  if (c.nccl && !c.cuda) throw Error("NCCL moves GPU memory between processes: the units must be in CUDA memory");
   if (c.nccl) {
     NcclTransportOptions no;
     no.self = self_;
@@ -49,6 +49,7 @@ Participant::Participant(asio::io_context& io, const ReshardSpec& c, const Prepa
     no.gpu_of = [gpus](DeviceId d) { return static_cast<int>(d) % gpus; };  // as the store places them
     nccl_ = make_nccl_transport(io, std::move(no));
   }
+  if (c.ipc) mixed_ = std::make_unique<MixedTransport>(std::vector<Transport*>{cuda_.get(), nccl_ ? nccl_.get() : ucx_.get()});
 }
 
 Participant::~Participant() {
@@ -92,7 +93,8 @@ void Participant::connect(const std::vector<PeerInfo>& peers) {
   eo.per_link_concurrency = c_.per_link;
   eo.chunk_bytes = c_.chunk_bytes;
   eo.self = self_;
-  eo.two_sided = c_.two_sided;
+  // GPU memory across machines over UCX goes as staged messages; IPC peers keep their gets.
+  eo.two_sided = c_.two_sided || (mixed_ && !nccl_);
   eo.rounds = c_.rounds;
   ex_ = std::make_unique<Executor>(cuda_ ? *cuda_ : static_cast<Transport&>(local_), &remote(), owner_, eo);
   bound_ = std::make_unique<BoundTransition>(ex_->bind(p_.plan.transfers_touching(mine_), p_.target, store_.table()));

@@ -277,7 +277,7 @@ class CudaTransport final : public Transport {
   std::map<int, std::vector<cudaStream_t>> streams_;
   std::map<int, std::size_t> next_;
   std::set<std::pair<int, int>> peers_;  // (dst gpu, src gpu) with peer access enabled
-  std::string boot_ = boot_id();
+  std::string boot_ = boot_id() + (o_.machine.empty() ? "" : "/" + o_.machine);
   std::set<PeerId> connected_;
   std::map<std::pair<PeerId, DeviceId>, RemoteRegion> regions_;
   mutable std::mutex host_mu_;

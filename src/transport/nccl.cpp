@@ -161,15 +161,24 @@ class NcclTransport final : public Transport {
     return {p, p + sizeof id_->internal};
   }
 
+  /// Takes the unique id from rank 0's process and starts creating the communicators as
+  /// soon as the id is known: every rank must join, including a process that will have
+  /// no NCCL message of its own (its peers all reached by CUDA IPC in a mixed transport).
   Status connect(PeerId peer, std::span<const std::byte> address) override {
-    if (peer != ranks_.front().process) return Status::ok();  // only rank 0's address carries anything
-    if (address.size() != sizeof(ncclUniqueId::internal))
-      return {StatusCode::invalid, "nccl: process " + std::to_string(peer) + " holds rank 0, but its address is " +
-                                       std::to_string(address.size()) + " bytes, not an NCCL unique id"};
-    ncclUniqueId id{};
-    std::memcpy(id.internal, address.data(), address.size());
-    id_ = id;
-    return Status::ok();
+    if (peer == ranks_.front().process && local_.front().rank != 0) {
+      if (address.size() != sizeof(ncclUniqueId::internal))
+        return {StatusCode::invalid, "nccl: process " + std::to_string(peer) + " holds rank 0, but its address is " +
+                                         std::to_string(address.size()) + " bytes, not an NCCL unique id"};
+      ncclUniqueId id{};
+      std::memcpy(id.internal, address.data(), address.size());
+      id_ = id;
+    }
+    if (local_.front().rank == 0 && !id_) (void)this->address();  // makes the id
+    if (!id_ || started_ || !failed_.empty()) return Status::ok();
+    started_ = true;
+    Status st = start_init();
+    if (!st) abort_all(st.message());
+    return st;
   }
 
   asio::awaitable<Status> post(DescriptorList list) override {
@@ -218,12 +227,12 @@ class NcclTransport final : public Transport {
       co_await t.async_wait(asio::use_awaitable);
     }
     if (!failed_.empty()) co_return Status{StatusCode::io_error, "nccl: " + failed_};
-    if (local_.front().comm) co_return Status::ok();
-    if (!id_)
+    if (formed_) co_return Status::ok();
+    if (!started_)
       co_return Status{StatusCode::invalid, "nccl: no unique id from process " + std::to_string(ranks_.front().process) +
                                                 " (rank 0): connect to it first"};
     initializing_ = true;
-    Status st = start_init();
+    Status st = Status::ok();
     const auto deadline = std::chrono::steady_clock::now() + o_.init_timeout;
     while (st) {
       bool pending = false;
@@ -246,6 +255,7 @@ class NcclTransport final : public Transport {
     }
     initializing_ = false;
     if (!st) abort_all(st.message());
+    formed_ = st.is_ok();
     co_return st;
   }
 
@@ -438,7 +448,9 @@ class NcclTransport final : public Transport {
   std::vector<LocalRank> local_;
   std::vector<LocalRank*> used_;
   mutable std::optional<ncclUniqueId> id_;
-  bool initializing_ = false;
+  bool started_ = false;       ///< communicator creation began (at connect)
+  bool formed_ = false;        ///< every local communicator joined
+  bool initializing_ = false;  ///< a post is polling their creation
   std::string failed_;  ///< why the communicators were aborted
 };
 

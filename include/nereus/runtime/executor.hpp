@@ -46,10 +46,11 @@ enum class LinkPath : std::uint8_t {
 };
 
 /// The path of one link. `same_process`: its source and destination are bound in one
-/// process; `remote`: the remote transport's capabilities (null when there is none);
-/// `options.remote_links` sends links between two devices of one process through it too
-/// (benches), `options.two_sided` picks messages even where gets exist. A copy inside one
-/// device stays a copy. Both processes of a link compute it from the same inputs (the
+/// process; `remote`: the remote transport's capabilities with the peer across the link
+/// (null when there is none); `options.remote_links` sends links between two devices of
+/// one process through it too (benches), `options.two_sided` picks messages wherever the
+/// peer's transport has them, even beside gets (a peer reached by gets only, as CUDA IPC
+/// beside NCCL, keeps its gets). A copy inside one device stays a copy. Both processes of a link compute it from the same inputs (the
 /// same transport type runs at both), which two-sided messages need.
 LinkPath link_path(bool same_device, bool same_process, const Capabilities* remote, const ExecutorOptions& options);
 
@@ -124,6 +125,8 @@ class BoundTransition {
     bool local;
     std::vector<DescriptorList> parts;  ///< the list in chunks, as posted
     std::uint32_t first_message = 0;    ///< two-sided: the ordinal of parts[0] on its link
+    bool in_rounds = false;             ///< two-sided and run in rounds (options.rounds, or a grouped peer)
+    bool grouped = false;               ///< its peer's transport takes it in post_group()
     DeviceId src() const { return list.op == Op::send ? list.local_device : list.remote_device; }
     DeviceId dst() const { return list.op == Op::send ? list.remote_device : list.local_device; }
   };
@@ -200,9 +203,7 @@ class Executor {
   };
   Outgoing outgoing(const DescriptorList& part, std::uint64_t tag);
   std::vector<Staging> spare_staging_;  // reused across runs
-  std::vector<MemoryKind> remote_kinds_;  // what `remote` moves; other kinds are staged through host memory
-  bool remote_strided_ = false;           // `remote` packs a message's strided runs itself
-  bool grouped_ = false;                  // `remote` posts messages in groups: always rounds
+
 };
 
 }  // namespace nereus

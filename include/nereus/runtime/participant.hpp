@@ -19,6 +19,7 @@
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
+#include "nereus/transport/mixed.hpp"
 #include "nereus/transport/nccl.hpp"
 #include "nereus/transport/ucx.hpp"
 
@@ -53,12 +54,17 @@ struct ReshardSpec {
   /// a process by the cuda transport; between processes over UCX as two-sided messages
   /// staged through host memory, or, with `ipc`, by CUDA IPC gets.
   bool cuda = false;
-  /// Between processes, the cuda transport's CUDA IPC gets (processes of one machine)
-  /// instead of UCX. Needs `cuda`; not with two_sided.
+  /// Between processes of one machine, the cuda transport's CUDA IPC gets; processes on
+  /// other machines are reached by NCCL (`nccl`) or UCX tagged messages staged through host
+  /// memory, in the same transition (MixedTransport). Needs `cuda`; not with two_sided.
   bool ipc = false;
   /// Between processes, NCCL sends and receives (transport/nccl.hpp) in grouped rounds:
-  /// one rank per (process, GPU). Needs `cuda`; not with `ipc`.
+  /// one rank per (process, GPU). Needs `cuda`. With `ipc`, NCCL takes only the links
+  /// that CUDA IPC does not reach (other machines); without, every link between processes.
   bool nccl = false;
+  /// This process's machine as CUDA IPC sees it (CudaTransportOptions::machine); benches
+  /// emulate machines with it.
+  std::string machine;
 };
 
 /// The reshard to run, planned the same way in every process.
@@ -141,7 +147,8 @@ class Participant {
   UnitStore store_;
   LocalTransport local_;
   std::unique_ptr<Transport> nccl_;   // cuda memory between processes, as NCCL messages
-  Transport& remote() { return nccl_ ? *nccl_ : ucx_ ? static_cast<Transport&>(*ucx_) : *cuda_; }
+  std::unique_ptr<MixedTransport> mixed_;  // with ipc: CUDA IPC inside a machine, NCCL or UCX across
+  Transport& remote() { return mixed_ ? *mixed_ : nccl_ ? *nccl_ : static_cast<Transport&>(*ucx_); }
   std::vector<Registration> regs_;
   std::vector<std::pair<const std::byte*, std::size_t>> mapped_sources_;  // what warm() touches
   std::unique_ptr<Executor> ex_;

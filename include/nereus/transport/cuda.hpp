@@ -13,6 +13,7 @@
 // Built when meson finds cudart; otherwise make_cuda_transport() throws an Error.
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "nereus/transport/transport.hpp"
 
@@ -21,6 +22,9 @@ namespace nereus {
 struct CudaTransportOptions {
   unsigned streams_per_gpu = 4;                  ///< posts take them in turn
   std::chrono::microseconds poll{20};            ///< how often a post checks its event
+  /// Added to this machine's boot id in address(): processes whose addresses differ do not
+  /// reach each other by IPC. Benches emulate several machines on one with it (--nodes).
+  std::string machine;
 };
 
 /// Whether this library was built with CUDA.

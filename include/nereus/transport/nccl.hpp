@@ -11,8 +11,9 @@
 // Ranks: one per (process, GPU) pair among the transition group's devices, sorted; every
 // process computes the same table. The process holding rank 0 makes the NCCL unique id
 // (ncclGetUniqueId, when its address() is first asked) and hands it to the others as its
-// address; the communicators are created (non-blocking, polled) at the first post and
-// kept for the transport's life; a failure, a lost peer or a cancelled post aborts them
+// address; creating the communicators starts (non-blocking) in connect() once the id is
+// known, since every rank must join, even a process with no NCCL message of its own; the
+// first post polls until they formed; they are kept for the transport's life; a failure, a lost peer or a cancelled post aborts them
 // (ncclCommAbort), and the transport then refuses further posts.
 //
 // NCCL is loaded at run time (dlopen of `library`, or NEREUS_NCCL_LIBRARY), not linked: a

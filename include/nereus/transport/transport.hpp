@@ -94,6 +94,12 @@ class Transport {
   virtual ~Transport() = default;
   virtual std::string_view name() const = 0;
   virtual Capabilities capabilities() const = 0;
+  /// What it can do with one peer: capabilities() unless the transport reaches peers by
+  /// different means (MixedTransport: CUDA IPC inside a machine, NCCL or UCX across).
+  virtual Capabilities capabilities_for(PeerId peer) const {
+    (void)peer;
+    return capabilities();
+  }
 
   /// Makes a region movable; the result's remote_key goes to peers. Throws Error.
   virtual Registration register_memory(const MemoryRegion& region) = 0;
