@@ -189,16 +189,20 @@ class NcclTransport final : public Transport {
 
   asio::awaitable<Status> post_group(std::vector<DescriptorList> lists) override {
     if (!failed_.empty()) co_return Status{StatusCode::io_error, "nccl: communicators were aborted (" + failed_ + ")"};
-    if (Status st = co_await ready(); !st) co_return st;
+    // One group at a time: groups share each rank's staging, and two in flight would
+    // interleave their sends and receives in an order the peers did not derive.
+    if (in_group_) co_return Status{StatusCode::invalid, "nccl: a group was posted while another was in flight"};
+    in_group_ = true;
+    Status st = co_await ready();
     std::vector<Issue> issues;
-    Status st = issue(lists, issues);
+    std::vector<LocalRank*> used;
+    if (st) st = issue(lists, issues);
     if (st) st = co_await enqueued(issues.size());
-    if (st) st = finish(issues);
-    if (!st) {
-      abort_all(st.message());
-      co_return st;
-    }
-    co_return co_await wait_for_events();
+    if (st) st = finish(issues, used);
+    if (st) st = co_await wait_for_events(used);
+    else if (failed_.empty()) abort_all(st.message());
+    in_group_ = false;
+    co_return st;
   }
 
  private:
@@ -367,14 +371,13 @@ class NcclTransport final : public Transport {
   }
 
   /// Unpacks staged receives and records every used rank's event.
-  Status finish(const std::vector<Issue>& issues) {
+  Status finish(const std::vector<Issue>& issues, std::vector<LocalRank*>& used) {
     for (const Issue& i : issues)
       if (i.staged && i.list->op == Op::recv)
         if (Status st = copy_runs(i, false); !st) return st;
-    used_.clear();
     for (const Issue& i : issues)
-      if (std::find(used_.begin(), used_.end(), i.local) == used_.end()) used_.push_back(i.local);
-    for (LocalRank* l : used_) {
+      if (std::find(used.begin(), used.end(), i.local) == used.end()) used.push_back(i.local);
+    for (LocalRank* l : used) {
       OnGpu on(l->gpu);
       if (const cudaError_t e = cudaEventRecord(l->done, l->stream); e != cudaSuccess)
         return {StatusCode::io_error, "nccl: event on GPU " + std::to_string(l->gpu) + ": " + cuda_error(e)};
@@ -401,10 +404,10 @@ class NcclTransport final : public Transport {
 
   /// Polls the used ranks' events and communicators on a short timer; the loop never
   /// blocks. A peer's failure shows as a communicator error; cancellation aborts.
-  asio::awaitable<Status> wait_for_events() {
+  asio::awaitable<Status> wait_for_events(const std::vector<LocalRank*>& used) {
     for (;;) {
       bool pending = false;
-      for (LocalRank* l : used_) {
+      for (LocalRank* l : used) {
         ncclResult_t state = ncclSuccess;
         api_.async_error(l->comm, &state);
         if (state != ncclSuccess && state != ncclInProgress) {
@@ -446,7 +449,7 @@ class NcclTransport final : public Transport {
   NcclApi api_;
   std::vector<NcclRank> ranks_;
   std::vector<LocalRank> local_;
-  std::vector<LocalRank*> used_;
+  bool in_group_ = false;
   mutable std::optional<ncclUniqueId> id_;
   bool started_ = false;       ///< communicator creation began (at connect)
   bool formed_ = false;        ///< every local communicator joined
