@@ -10,6 +10,7 @@
 #include "job_cases.hpp"
 #include "run_async.hpp"
 #include "nereus/runtime/job.hpp"
+#include "nereus/transport/cuda.hpp"
 #include "nereus/transport/chaos.hpp"
 #include "nereus/transport/local.hpp"
 #include "test_util.hpp"
@@ -173,6 +174,16 @@ TEST_CASE("job: cancellation and injected failures leave every model-stage a com
     CHECK(again.completed);
     CHECK(job.verify().ok);
   }
+}
+
+TEST_CASE("job: GPU memory where no GPU is, or no CUDA is built in: one error naming the device") {
+  if (cuda_device_count() > 0) return;  // the GPU suite runs a job in GPU memory
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  JobOptions o = options();
+  o.memory = MemoryKind::cuda;
+  const std::string e = error_of([&] { Job(io.get_executor(), spec, load_global_plan(spec, kPlanA), o); });
+  CHECK((has(e, "device 0: no CUDA device 0") || has(e, "device 0: no cuda backend")));
 }
 
 TEST_CASE("job: infeasible transitions and bad input are refused before any byte moves") {

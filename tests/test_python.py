@@ -206,6 +206,16 @@ class FrameworkMemory(unittest.TestCase):
 
 
 class BadInput(unittest.TestCase):
+    def test_gpu_memory_without_a_gpu_is_one_error(self):
+        if torch.cuda.is_available():
+            self.skipTest("a GPU is here: the GPU suite runs jobs in GPU memory")
+        with self.assertRaisesRegex(nereus.Error, "device 0: no CUDA device 0|device 0: no cuda backend"):
+            new_job(memory="cuda")
+        with self.assertRaisesRegex(nereus.Error, "memory must be 'host' or 'cuda', not 'tpu'"):
+            new_job(memory="tpu")
+        # A framework's tensors must be where the units are: CPU tensors on host devices.
+        self.assertEqual(new_job(fill=True).units("actor/train")[0].shards()[0].__dlpack_device__(), (1, 0))
+
     def test_errors_leave_the_job_usable(self):
         job = new_job(fill=True, capacity="16MiB")  # actor/train (19 MB) fits only when split
         with self.assertRaisesRegex(nereus.Error, "unknown slot 'moment'"):

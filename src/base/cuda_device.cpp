@@ -99,6 +99,12 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
+void cuda_copy(std::byte* dst, const std::byte* src, std::size_t n) {
+  if (n == 0) return;
+  if (cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDefault); e != cudaSuccess)
+    throw Error("a copy of " + std::to_string(n) + " bytes between host and GPU memory failed: " + cuda_error(e));
+}
+
 std::unique_ptr<Device> make_cuda_device(const DeviceSpec& spec) {
   int n = 0;
   if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess || spec.gpu < 0 || spec.gpu >= n)

@@ -10,5 +10,7 @@ namespace nereus::detail {
 /// A device whose arena is one cudaMalloc of spec.capacity on CUDA device spec.gpu
 /// (never managed memory); queues are CUDA streams, events CUDA events.
 std::unique_ptr<Device> make_cuda_device(const DeviceSpec& spec);
+/// A blocking cudaMemcpy (cudaMemcpyDefault: either side on any GPU or the host).
+void cuda_copy(std::byte* dst, const std::byte* src, std::size_t n);
 
 }  // namespace nereus::detail

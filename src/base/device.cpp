@@ -159,6 +159,26 @@ std::uint64_t host_memory_available() {
   return 0;
 }
 
+namespace {
+
+void copy_kind(MemoryKind kind, std::byte* dst, const std::byte* src, std::size_t n) {
+  if (kind == MemoryKind::host) {
+    if (n) std::memcpy(dst, src, n);
+    return;
+  }
+#ifdef NEREUS_HAVE_CUDA
+  detail::cuda_copy(dst, src, n);
+#else
+  (void)dst, (void)src, (void)n;
+  throw Error("no " + std::string(to_string(kind)) + " backend is built into this library");
+#endif
+}
+
+}  // namespace
+
+void copy_from_host(MemoryKind kind, std::byte* dst, const std::byte* host, std::size_t n) { copy_kind(kind, dst, host, n); }
+void copy_to_host(MemoryKind kind, std::byte* host, const std::byte* src, std::size_t n) { copy_kind(kind, host, src, n); }
+
 std::unique_ptr<Device> make_device(const DeviceSpec& spec) {
   switch (spec.kind) {
     case MemoryKind::host:

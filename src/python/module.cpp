@@ -38,7 +38,11 @@ struct PyWorkspace {
   std::shared_ptr<PyJob> job;
   DeviceId device = 0;
   std::span<std::byte> memory;
+  DLDevice where{kDLCPU, 0};
 };
+
+/// Where a unit's memory is for DLPack: the host, or its GPU.
+DLDevice dl_device(MemoryKind kind, int gpu) { return kind == MemoryKind::cuda ? DLDevice{kDLCUDA, gpu} : DLDevice{kDLCPU, 0}; }
 
 /// What a DLPack consumer owns until it calls the deleter.
 struct Exported {
@@ -57,13 +61,14 @@ DLDataType dl_dtype(DType t) {
 }
 
 /// Exports `data` (compact row-major) to a DLPack consumer; its owner stays alive meanwhile.
-py::capsule to_dlpack(std::shared_ptr<const void> owner, std::byte* data, std::vector<std::int64_t> shape, DLDataType dtype) {
+py::capsule to_dlpack(std::shared_ptr<const void> owner, std::byte* data, std::vector<std::int64_t> shape, DLDataType dtype,
+                      DLDevice where) {
   auto* e = new Exported;
   e->owner = std::move(owner);
   e->shape = std::move(shape);
   DLTensor& t = e->managed.dl_tensor;
   t.data = data;
-  t.device = {kDLCPU, 0};
+  t.device = where;
   t.ndim = static_cast<std::int32_t>(e->shape.size());
   t.dtype = dtype;
   t.shape = e->shape.data();
@@ -238,9 +243,13 @@ void bind_job(py::module_& m) {
       .def_property_readonly("shape", [](const PyShard& s) { return py::tuple(py::cast(s.shape())); })
       .def_property_readonly("nbytes", [](const PyShard& s) { return s.view.bytes(); })
       .def_property_readonly("data_ptr", [](const PyShard& s) { return reinterpret_cast<std::uintptr_t>(s.view.data); })
-      .def("__dlpack__", [](const PyShard& s, py::object) { return to_dlpack(s.owner, s.view.data, s.shape(), dl_dtype(s.view.dtype)); },
-           py::arg("stream") = py::none())
-      .def("__dlpack_device__", [](const PyShard&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
+      .def("__dlpack__", [](const PyShard& s, py::object) {
+        return to_dlpack(s.owner, s.view.data, s.shape(), dl_dtype(s.view.dtype), dl_device(s.view.kind, s.view.gpu));
+      }, py::arg("stream") = py::none())
+      .def("__dlpack_device__", [](const PyShard& s) {
+        const DLDevice d = dl_device(s.view.kind, s.view.gpu);
+        return py::make_tuple(static_cast<int>(d.device_type), d.device_id);
+      })
       .def("__repr__", [](const PyShard& s) {
         return "<Shard " + s.tensor + "@" + std::string(to_string(s.view.slot)) + " device " + std::to_string(s.view.device) +
                " box " + s.view.box.to_string() + ">";
@@ -270,7 +279,7 @@ void bind_job(py::module_& m) {
       }, "Its local buffers (sharding.md packing): device, buffer name, slot, dtype, data_ptr, nbytes.")
       .def("workspace", [](const PyUnit& u, DeviceId device) {
         for (const auto& [d, memory] : u.workspace)
-          if (d == device) return PyWorkspace{u.job, d, memory};
+          if (d == device) return PyWorkspace{u.job, d, memory, dl_device(u.job->job().memory(), u.job->job().gpu_of(d))};
         throw Error("unit " + std::to_string(u.view.replica) + " of " + u.stage + " has no workspace on device " +
                     std::to_string(device) + " (set_workspace() before the stage, and ask inside its block)");
       }, py::arg("device"), "Its workspace on one of its devices, inside the stage's block (Job.set_workspace).")
@@ -286,9 +295,9 @@ void bind_job(py::module_& m) {
       .def_property_readonly("device", [](const PyWorkspace& w) { return w.device; })
       .def_property_readonly("nbytes", [](const PyWorkspace& w) { return w.memory.size(); })
       .def("__dlpack__", [](const PyWorkspace& w, py::object) {
-        return to_dlpack(w.job, w.memory.data(), {static_cast<std::int64_t>(w.memory.size())}, {kDLUInt, 8, 1});
+        return to_dlpack(w.job, w.memory.data(), {static_cast<std::int64_t>(w.memory.size())}, {kDLUInt, 8, 1}, w.where);
       }, py::arg("stream") = py::none())
-      .def("__dlpack_device__", [](const PyWorkspace&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); });
+      .def("__dlpack_device__", [](const PyWorkspace& w) { return py::make_tuple(static_cast<int>(w.where.device_type), w.where.device_id); });
 
   py::class_<PyStage>(m, "Stage", "A model-stage held busy while the framework computes on its units.")
       .def("__enter__", &PyStage::enter)
@@ -305,23 +314,23 @@ void bind_job(py::module_& m) {
   py::class_<PyJob, std::shared_ptr<PyJob>>(m, "Job", "A job embedded in this process (docs/embedding.md).")
       .def(py::init([](const std::string& job, py::object plan, int devices, py::object capacity, double headroom,
                        std::uint64_t seed, unsigned copy_threads, py::object adopt, bool fill, py::object cluster,
-                       const std::string& policy, double gamma) {
+                       const std::string& policy, double gamma, const std::string& memory) {
              return std::make_shared<PyJob>(job, plan, devices, capacity, headroom, seed, copy_threads, adopt, fill, cluster,
-                                            policy, gamma, "");
+                                            policy, gamma, "", memory);
            }),
            py::arg("job"), py::arg("plan"), py::arg("devices") = 8, py::arg("capacity") = "1GiB", py::arg("headroom") = 0.1,
            py::arg("seed") = 1, py::arg("copy_threads") = 1, py::arg("adopt") = py::none(), py::arg("fill") = false,
-           py::arg("cluster") = py::none(), py::arg("policy") = "nereus", py::arg("gamma") = 0.5)
+           py::arg("cluster") = py::none(), py::arg("policy") = "nereus", py::arg("gamma") = 0.5, py::arg("memory") = "host")
       .def_static(
           "resume",
           [](const std::string& checkpoint, const std::string& job, int devices, py::object capacity, double headroom,
-             unsigned copy_threads, py::object cluster, const std::string& policy, double gamma) {
+             unsigned copy_threads, py::object cluster, const std::string& policy, double gamma, const std::string& memory) {
             return std::make_shared<PyJob>(job, py::none(), devices, capacity, headroom, 1, copy_threads, py::none(), false,
-                                           cluster, policy, gamma, checkpoint);
+                                           cluster, policy, gamma, checkpoint, memory);
           },
           py::arg("checkpoint"), py::arg("job"), py::arg("devices") = 8, py::arg("capacity") = "1GiB",
           py::arg("headroom") = 0.1, py::arg("copy_threads") = 1, py::arg("cluster") = py::none(),
-          py::arg("policy") = "nereus", py::arg("gamma") = 0.5, "A job continued from save_checkpoint(checkpoint).")
+          py::arg("policy") = "nereus", py::arg("gamma") = 0.5, py::arg("memory") = "host", "A job continued from save_checkpoint(checkpoint).")
       .def_property_readonly("step", [](PyJob& j) { return j.loop().call([&] { return j.job().step(); }); })
       .def_property_readonly("plan", [](PyJob& j) { return plan_dict(j.loop().call([&] { return j.job().plan(); })); })
       .def_property_readonly("model_stages", [](PyJob& j) {

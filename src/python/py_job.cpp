@@ -78,8 +78,13 @@ AdoptedBuffer adopted_of(py::handle entry, std::vector<py::object>& keep) {
   if (!py::hasattr(t, "data_ptr") || !py::hasattr(t, "is_contiguous"))
     throw Error("adopt: 'tensor' of " + a.buffer + " is not a torch tensor");
   if (!t.attr("is_contiguous")().cast<bool>()) throw Error("adopt: the tensor for " + a.buffer + " is not contiguous");
-  if (py::str(t.attr("device").attr("type")).cast<std::string>() != "cpu")
-    throw Error("adopt: the tensor for " + a.buffer + " is not in host memory (this build has host devices only)");
+  const std::string where = py::str(t.attr("device").attr("type")).cast<std::string>();
+  if (where == "cuda") {
+    a.kind = MemoryKind::cuda;  // the job checks it against its own memory and GPU
+    a.gpu = t.attr("device").attr("index").cast<int>();
+  } else if (where != "cpu") {
+    throw Error("adopt: the tensor for " + a.buffer + " is in " + where + " memory; units live in host (cpu) or cuda memory");
+  }
   a.data = reinterpret_cast<std::byte*>(t.attr("data_ptr")().cast<std::uintptr_t>());
   a.bytes = t.attr("numel")().cast<std::size_t>() * t.attr("element_size")().cast<std::size_t>();
   keep.push_back(std::move(t));
@@ -98,7 +103,7 @@ GlobalPlan PyJob::parse_plan(py::handle plan) const {
 
 PyJob::PyJob(const std::string& job, py::object plan, int devices, py::object capacity, double headroom,
              std::uint64_t seed, unsigned copy_threads, py::object adopt, bool fill, py::object cluster,
-             const std::string& policy, double gamma, const std::string& resume_from)
+             const std::string& policy, double gamma, const std::string& resume_from, const std::string& memory)
     : spec_(load_job(job)) {
   JobOptions o;
   o.devices = devices;
@@ -107,6 +112,8 @@ PyJob::PyJob(const std::string& job, py::object plan, int devices, py::object ca
   o.seed = seed;
   o.copy_threads = copy_threads;
   o.fill = fill;
+  if (memory != "host" && memory != "cuda") throw Error("memory must be 'host' or 'cuda', not '" + memory + "'");
+  o.memory = memory == "cuda" ? MemoryKind::cuda : MemoryKind::host;
   if (!adopt.is_none())
     for (py::handle e : adopt) o.adopt.push_back(adopted_of(e, adopted_));
   ControllerOptions co;

@@ -62,7 +62,7 @@ class PyJob : public std::enable_shared_from_this<PyJob> {
  public:
   PyJob(const std::string& job, py::object plan, int devices, py::object capacity, double headroom, std::uint64_t seed,
         unsigned copy_threads, py::object adopt, bool fill, py::object cluster, const std::string& policy, double gamma,
-        const std::string& resume_from);
+        const std::string& resume_from, const std::string& memory = "host");
   ~PyJob();
 
   Loop& loop() { return *loop_; }
@@ -72,6 +72,7 @@ class PyJob : public std::enable_shared_from_this<PyJob> {
   /// Decision of the live controller after a step.
   Decision report(const StepObservation& o);
   double gamma() const { return gamma_; }
+
 
  private:
   JobSpec spec_;

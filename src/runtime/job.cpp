@@ -9,6 +9,7 @@
 #include "nereus/base/error.hpp"
 #include "nereus/core/bytes.hpp"
 #include "nereus/core/packing.hpp"
+#include "nereus/transport/cuda.hpp"
 
 namespace nereus {
 
@@ -55,13 +56,18 @@ UnitPtr JobState::allocate_unit(std::size_t stage, const Emu& e, int adopt_as) {
     adoption_used[static_cast<std::size_t>(k)] = 1;
     const AdoptedBuffer* framework = &options.adopt[static_cast<std::size_t>(k)];
     const auto d = static_cast<std::size_t>(b.key.device);
+    if (framework->kind != options.memory || (options.memory == MemoryKind::cuda && framework->gpu != b.key.device % gpus))
+      throw Error("adopted " + what + " is in " + std::string(to_string(framework->kind)) + " memory" +
+                  (framework->kind == MemoryKind::cuda ? " of GPU " + std::to_string(framework->gpu) : std::string()) +
+                  ", but device " + std::to_string(b.key.device) + " is " + std::string(to_string(options.memory)) + " memory" +
+                  (options.memory == MemoryKind::cuda ? " of GPU " + std::to_string(b.key.device % gpus) : std::string()));
     if (used(b.key.device) + framework->bytes > budget) {
       ++cap_violations;
       throw Error("device " + std::to_string(b.key.device) + ": adopted " + what + " (" + human_bytes(framework->bytes) +
                   ") does not fit its " + human_bytes(budget) + " budget");
     }
     adopted[d] += framework->bytes;
-    u->memory.push_back(DeviceBuffer::borrow(framework->data, framework->bytes));
+    u->memory.push_back(DeviceBuffer::borrow(framework->data, framework->bytes, framework->kind));
   }
   return u;
 }
@@ -139,7 +145,9 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
   if (!(s.options.headroom >= 0 && s.options.headroom < 1)) throw Error("job: headroom must be in [0, 1)");
   s.budget = static_cast<std::uint64_t>(static_cast<double>(s.options.capacity) * (1.0 - s.options.headroom));
   s.stages = model_stages(s.spec);
-  for (int d = 0; d < s.options.devices; ++d) s.devices.push_back(make_device({MemoryKind::host, d, s.options.capacity}));
+  s.gpus = s.options.memory == MemoryKind::cuda ? (s.options.gpus > 0 ? s.options.gpus : std::max(1, cuda_device_count())) : 1;
+  for (int d = 0; d < s.options.devices; ++d)
+    s.devices.push_back(make_device({s.options.memory, d, s.options.capacity, nullptr, d % s.gpus}));
   s.busy.assign(s.devices.size(), 0);
   s.step_peak.assign(s.devices.size(), 0);
   s.adopted.assign(s.devices.size(), 0);
@@ -147,7 +155,8 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
   if (s.options.transport) {
     s.transport = s.options.transport;
   } else {
-    s.own_transport = std::make_unique<LocalTransport>(LocalTransportOptions{std::max(1u, s.options.copy_threads), 1 << 20});
+    if (s.options.memory == MemoryKind::cuda) s.own_transport = make_cuda_transport(ex);
+    else s.own_transport = std::make_unique<LocalTransport>(LocalTransportOptions{std::max(1u, s.options.copy_threads), 1 << 20});
     s.transport = s.own_transport.get();
   }
   const std::vector<Collection> cols = plan_collections(s.spec, initial, s.options.devices);
@@ -159,8 +168,11 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
     s.slots.push_back(std::move(slot));
     for (std::size_t r = 0; r < cols[i].units.size(); ++r) {
       UnitPtr u = s.allocate_unit(i, cols[i].units[r], static_cast<int>(r));
-      if (s.options.fill)
-        for (std::size_t b = 0; b < u->buffers.size(); ++b) fill_buffer(*s.stages[i].model, u->buffers[b], u->memory[b].data());
+      if (s.options.fill) {
+        const HostMirror host(*u, false);
+        for (std::size_t b = 0; b < u->buffers.size(); ++b) fill_buffer(*s.stages[i].model, u->buffers[b], host.data(b));
+        host.commit();
+      }
       s.slots[i].units.push_back(std::move(u));
     }
   }
@@ -215,6 +227,9 @@ std::vector<DeviceUse> Job::devices() const {
   return out;
 }
 
+MemoryKind Job::memory() const { return s_->options.memory; }
+int Job::gpu_of(DeviceId device) const { return s_->options.memory == MemoryKind::cuda ? device % s_->gpus : 0; }
+
 FillCheck Job::verify() const {
   FillCheck all;
   std::set<const LiveUnit*> seen;
@@ -222,8 +237,8 @@ FillCheck Job::verify() const {
     for (const auto* list : {&s_->slots[i].units, &s_->slots[i].next})
       for (const UnitPtr& u : *list) {
         if (u->freed || !seen.insert(u.get()).second) continue;
-        for (std::size_t b = 0; b < u->buffers.size(); ++b)
-          all.merge(check_buffer(*s_->stages[i].model, u->buffers[b], u->memory[b].data()));
+        const HostMirror host(*u, true);
+        for (std::size_t b = 0; b < u->buffers.size(); ++b) all.merge(check_buffer(*s_->stages[i].model, u->buffers[b], host.data(b)));
       }
   return all;
 }
@@ -381,7 +396,12 @@ std::vector<UnitView> Job::units(std::string_view model_stage) const {
     const LiveUnit& u = *(*units)[r];
     std::vector<std::span<std::byte>> mem;
     for (const auto& m : u.memory) mem.emplace_back(m.data(), m.size());
-    out.push_back({static_cast<int>(r), u.emu, u.version, shard_views(u.buffers, mem), u.buffers, mem});
+    std::vector<ShardView> views = shard_views(u.buffers, mem);
+    for (ShardView& v : views) {  // GPU memory: DLPack exports it as the GPU's (kDLCUDA)
+      v.kind = u.memory.empty() ? MemoryKind::host : u.memory.front().kind();
+      v.gpu = gpu_of(v.device);
+    }
+    out.push_back({static_cast<int>(r), u.emu, u.version, std::move(views), u.buffers, mem});
   }
   return out;
 }

@@ -51,7 +51,8 @@ class JobState : public std::enable_shared_from_this<JobState> {
   std::vector<char> adoption_used;     ///< per options.adopt entry
   std::uint64_t budget = 0;
   std::uint64_t cap_violations = 0;
-  std::unique_ptr<LocalTransport> own_transport;
+  std::unique_ptr<Transport> own_transport;
+  int gpus = 1;  ///< GPU memory: device d is on GPU d mod gpus
   Transport* transport = nullptr;
   std::vector<StageSlot> slots;
   std::vector<int> busy;  ///< per device: stages running on it
@@ -128,6 +129,40 @@ class TransitionRun final : public UnitSpace, public std::enable_shared_from_thi
   std::vector<char> applied_;  ///< per stage: new units in effect
   std::vector<Executor*> active_;
   GraphRun run_;
+};
+
+/// A unit's buffers as host memory, for the control path (fills, checks, checkpoints): the
+/// buffers themselves on host devices; for GPU memory, copies (downloaded when `read`)
+/// that commit() uploads back.
+class HostMirror {
+ public:
+  HostMirror(LiveUnit& u, bool read) : u_(u) {
+    for (auto& m : u.memory) {
+      if (m.kind() == MemoryKind::host) {
+        spans_.emplace_back(m.data(), m.size());
+        continue;
+      }
+      copies_.emplace_back(m.size());
+      if (read) copy_to_host(m.kind(), copies_.back().data(), m.data(), m.size());
+      spans_.emplace_back(copies_.back().data(), m.size());
+    }
+  }
+  std::byte* data(std::size_t b) const { return spans_[b].data(); }
+  const std::vector<std::span<std::byte>>& spans() const { return spans_; }
+  /// Uploads the copies of GPU buffers.
+  void commit() const {
+    std::size_t k = 0;
+    for (auto& m : u_.memory)
+      if (m.kind() != MemoryKind::host) {
+        copy_from_host(m.kind(), m.data(), copies_[k].data(), m.size());
+        ++k;
+      }
+  }
+
+ private:
+  LiveUnit& u_;
+  std::vector<std::vector<std::byte>> copies_;
+  std::vector<std::span<std::byte>> spans_;
 };
 
 }  // namespace nereus

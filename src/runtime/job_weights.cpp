@@ -110,11 +110,10 @@ struct Checkpoint {
 /// safetensors file of the model's tensors.
 void write_slot(const ModelSpec& m, const std::vector<UnitPtr>& units, Slot slot, const std::string& path) {
   // Replica 0's shards of this slot, by tensor (replicated shards: every copy; one is written).
-  const LiveUnit& u = *units.at(0);
-  std::vector<std::span<std::byte>> mem;
-  for (const auto& b : u.memory) mem.emplace_back(b.data(), b.size());
+  LiveUnit& u = *units.at(0);
+  const auto host = std::make_shared<HostMirror>(u, true);  // GPU memory: a host copy the writer reads
   std::vector<std::vector<ShardView>> by_tensor(m.tensors().size());
-  for (const ShardView& v : shard_views(u.buffers, mem))
+  for (const ShardView& v : shard_views(u.buffers, host->spans()))
     if (v.slot == slot) by_tensor[v.tensor].push_back(v);
   std::vector<SafetensorsOut> out;
   for (TensorId id = 0; id < m.tensors().size(); ++id) {
@@ -124,7 +123,7 @@ void write_slot(const ModelSpec& m, const std::vector<UnitPtr>& units, Slot slot
     if (parts.empty()) throw Error("save: replica 0 holds no " + std::string(to_string(slot)) + " of '" + info.name + "'");
     dtype = parts[0].dtype;
     std::vector<std::int64_t> shape(info.shape.begin(), info.shape.begin() + info.rank);
-    out.push_back({info.name, dtype, shape, [info, parts, dtype](std::byte* dst, std::size_t) {
+    out.push_back({info.name, dtype, shape, [info, parts, dtype, host](std::byte* dst, std::size_t) {
                      std::vector<Box> done;
                      for (const ShardView& v : parts) {
                        if (std::any_of(done.begin(), done.end(), [&](const Box& b) { return b == v.box; })) continue;
@@ -159,15 +158,17 @@ void load_slots(JobState& s, std::size_t i, const std::string& dir) {
   const ModelStage& st = s.stages[i];
   std::vector<std::byte> scratch;
   std::map<Slot, std::unique_ptr<Checkpoint>> files;
-  for (const UnitPtr& u : s.slots[i].units)
+  for (const UnitPtr& u : s.slots[i].units) {
+    const HostMirror host(*u, false);  // every byte is read from the files
     for (std::size_t b = 0; b < u->buffers.size(); ++b) {
       const BufferSpec& spec = u->buffers[b];
       auto& f = files[spec.key.slot];
       if (!f) f = std::make_unique<Checkpoint>(*st.model, dir + "/" + file_stem(st.name()) + "." + std::string(to_string(spec.key.slot)) + ".safetensors");
       for (const BufferSpec::Part& p : spec.parts)
-        f->read_box(st.model->tensor(p.tensor), p.shard, spec.dtype,
-                    u->memory[b].data() + static_cast<std::size_t>(p.base) * width(spec.dtype), scratch);
+        f->read_box(st.model->tensor(p.tensor), p.shard, spec.dtype, host.data(b) + static_cast<std::size_t>(p.base) * width(spec.dtype), scratch);
     }
+    host.commit();
+  }
 }
 
 }  // namespace
@@ -184,10 +185,11 @@ void Job::load_weights(std::string_view what, const std::string& path) {
   std::vector<std::byte> scratch;
   for (std::size_t i : targets) {
     const ModelSpec& m = *s.stages[i].model;
-    for (const UnitPtr& u : s.slots[i].units)
+    for (const UnitPtr& u : s.slots[i].units) {
+      const HostMirror host(*u, true);  // buffers of other slots come back unchanged
       for (std::size_t b = 0; b < u->buffers.size(); ++b) {
         const BufferSpec& spec = u->buffers[b];
-        std::byte* base = u->memory[b].data();
+        std::byte* base = host.data(b);
         if (spec.key.slot == Slot::exp_avg || spec.key.slot == Slot::exp_avg_sq) {
           std::memset(base, 0, spec.bytes());
           continue;
@@ -195,6 +197,8 @@ void Job::load_weights(std::string_view what, const std::string& path) {
         for (const BufferSpec::Part& p : spec.parts)  // param, and master as f32
           ckpt.read_box(m.tensor(p.tensor), p.shard, spec.dtype, base + static_cast<std::size_t>(p.base) * width(spec.dtype), scratch);
       }
+      host.commit();
+    }
   }
 }
 

@@ -77,7 +77,7 @@ struct RemoteRegion {
 
 class CudaTransport final : public Transport {
  public:
-  CudaTransport(asio::io_context& io, CudaTransportOptions o) : io_(io), o_(o) {
+  CudaTransport(asio::any_io_executor ex, CudaTransportOptions o) : io_(std::move(ex)), o_(o) {
     if (o_.streams_per_gpu == 0) o_.streams_per_gpu = 1;
   }
   ~CudaTransport() override {
@@ -272,7 +272,7 @@ class CudaTransport final : public Transport {
     if (e != cudaSuccess) throw Error(std::string("cuda transport: ") + what + " failed: " + cuda_error(e));
   }
 
-  asio::io_context& io_;
+  asio::any_io_executor io_;
   CudaTransportOptions o_;
   std::map<int, std::vector<cudaStream_t>> streams_;
   std::map<int, std::size_t> next_;
@@ -298,7 +298,11 @@ int cuda_device_count() {
 }
 
 std::unique_ptr<Transport> make_cuda_transport(asio::io_context& io, CudaTransportOptions options) {
-  return std::make_unique<CudaTransport>(io, options);
+  return make_cuda_transport(io.get_executor(), std::move(options));
+}
+
+std::unique_ptr<Transport> make_cuda_transport(asio::any_io_executor ex, CudaTransportOptions options) {
+  return std::make_unique<CudaTransport>(std::move(ex), std::move(options));
 }
 
 }  // namespace nereus

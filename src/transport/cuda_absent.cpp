@@ -6,7 +6,10 @@ namespace nereus {
 
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
-std::unique_ptr<Transport> make_cuda_transport(asio::io_context&, CudaTransportOptions) {
+std::unique_ptr<Transport> make_cuda_transport(asio::io_context& io, CudaTransportOptions options) {
+  return make_cuda_transport(io.get_executor(), std::move(options));
+}
+std::unique_ptr<Transport> make_cuda_transport(asio::any_io_executor, CudaTransportOptions) {
   throw Error("this build has no CUDA transport: reconfigure with -Dcuda=enabled (cudart under -Dgpu_toolkit)");
 }
 

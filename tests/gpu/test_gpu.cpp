@@ -16,6 +16,8 @@
 #include "../test_util.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/runtime/executor.hpp"
+#include "nereus/runtime/job.hpp"
+#include "nereus/core/job.hpp"
 #include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/nccl.hpp"
@@ -207,6 +209,41 @@ TEST_CASE("nccl transport: every link an NCCL message, in grouped rounds, stride
   }
   gpu.download(host);
   CHECK(testing::landed_as_planned(transfers, host.table));
+}
+
+TEST_CASE("embedded job in GPU memory: filled, changed plan through the cuda transport, checked, exported as the GPU's") {
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  const char* a_plan = R"({"actor/generate": "tp=2,pp=1,dp=4,devices=0-7",
+    "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+    "reference/infer": "tp=2,pp=1,dp=1,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
+    "actor/train": "tp=4,pp=1,dp=1,devices=0-3", "critic/train": "tp=4,pp=1,dp=1,devices=4-7"})";
+  const char* b_plan = R"({"actor/generate": "tp=1,pp=1,dp=8,devices=0-7",
+    "actor/infer": "tp=1,pp=1,dp=2,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+    "reference/infer": "tp=1,pp=1,dp=2,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
+    "actor/train": "tp=2,pp=2,dp=1,devices=4-7", "critic/train": "tp=2,pp=2,dp=1,devices=0-3"})";
+  JobOptions o;
+  o.devices = 8;
+  o.capacity = 64 << 20;
+  o.fill = true;
+  o.memory = MemoryKind::cuda;
+  Job job(io.get_executor(), spec, load_global_plan(spec, a_plan), o);
+  CHECK(job.verify().ok);  // filled through host copies, checked through host copies
+  const TransitionReport r = run_on(io, job.transition(load_global_plan(spec, b_plan)));
+  CHECK(r.completed);
+  CHECK(r.moved_bytes > 0);
+  const FillCheck v = job.verify();
+  CHECK_MESSAGE(v.ok, v.first_error);
+  const int gpus = cuda_device_count();
+  for (const UnitView& u : job.units("actor/train"))
+    for (const ShardView& sv : u.shards) {
+      CHECK(sv.kind == MemoryKind::cuda);
+      CHECK(sv.gpu == sv.device % gpus);
+      cudaPointerAttributes at{};
+      REQUIRE(cudaPointerGetAttributes(&at, sv.data) == cudaSuccess);
+      CHECK(at.type == cudaMemoryTypeDevice);
+      CHECK(at.device == sv.gpu);
+    }
 }
 
 TEST_CASE("cuda transport refuses host memory, and the executor refuses a host transport for cuda memory") {

@@ -134,6 +134,13 @@ class ArenaSource {
 };
 
 /// What make_device() creates.
+/// Blocking copies between host memory and memory of `kind` anywhere in this process (a
+/// CUDA pointer of any GPU): the control path of fills, checks and checkpoints, for memory
+/// no Device object is at hand for (a unit's buffers). Throws Error when `kind` is not
+/// built in or the copy fails.
+void copy_from_host(MemoryKind kind, std::byte* dst, const std::byte* host, std::size_t n);
+void copy_to_host(MemoryKind kind, std::byte* host, const std::byte* src, std::size_t n);
+
 struct DeviceSpec {
   MemoryKind kind = MemoryKind::host;
   DeviceId id = 0;

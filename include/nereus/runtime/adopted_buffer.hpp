@@ -21,6 +21,8 @@ struct AdoptedBuffer {
   Slot slot = Slot::param;
   std::byte* data = nullptr;
   std::size_t bytes = 0;  ///< at least the buffer's size
+  MemoryKind kind = MemoryKind::host;  ///< the job's units' memory (JobOptions::memory)
+  int gpu = 0;                         ///< GPU memory: its CUDA ordinal, the device's GPU
 };
 
 /// The entry of `adopt` that backs buffer `b` (named `name`) of replica `replica` of

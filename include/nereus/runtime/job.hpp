@@ -37,7 +37,13 @@
 namespace nereus {
 
 struct JobOptions {
-  int devices = 8;                 ///< host devices 0 .. devices−1 (the GPU pool)
+  int devices = 8;                 ///< devices 0 .. devices−1 (the GPU pool)
+  /// Where units live: host memory, or GPU memory (device d a cudaMalloc arena on GPU
+  /// d mod `gpus`; copies by the cuda transport unless `transport` is given; fills,
+  /// checks and checkpoints go through host copies). No GPU, or no CUDA in the build:
+  /// the constructor throws an Error naming the device.
+  MemoryKind memory = MemoryKind::host;
+  int gpus = 0;                    ///< GPUs the devices spread over; 0: every GPU present
   std::size_t capacity = 1 << 30;  ///< arena bytes per device
   double headroom = 0.1;           ///< share of each device never used
   /// Working memory a model-stage allocates per device while it runs.
@@ -65,6 +71,8 @@ struct ShardView {
   DType dtype = DType::bf16;
   Box box;               ///< global element coordinates
   std::byte* data = nullptr;
+  MemoryKind kind = MemoryKind::host;  ///< the memory `data` is in
+  int gpu = 0;                         ///< its CUDA ordinal, for GPU memory
   std::uint64_t bytes() const { return static_cast<std::uint64_t>(box.elements()) * width(dtype); }
 };
 
@@ -213,6 +221,10 @@ class Job {
 
   /// Checks every live unit's bytes against the verification fill.
   FillCheck verify() const;
+  /// Where the units live, and the GPU of a device when that is GPU memory. Fixed at
+  /// construction (safe to read from any thread).
+  MemoryKind memory() const;
+  int gpu_of(DeviceId device) const;
   std::vector<DeviceUse> devices() const;
   /// Allocations refused because they would have gone over a device's budget.
   std::uint64_t cap_violations() const;

@@ -43,5 +43,7 @@ int cuda_device_count();
 /// peer that exits frees its allocations: a get from it then fails or reads freed memory,
 /// so its sources' processes must outlive a transition.
 std::unique_ptr<Transport> make_cuda_transport(asio::io_context& io, CudaTransportOptions options = {});
+/// The same on any executor (an embedded Job's).
+std::unique_ptr<Transport> make_cuda_transport(asio::any_io_executor ex, CudaTransportOptions options = {});
 
 }  // namespace nereus
