@@ -18,6 +18,16 @@ namespace testcase {
 /// A PPO job over very small models: actor and reference a qwen3 (q/k norms; with `moe`,
 /// the qwen3_moe of cases.hpp), critic and reward a llama with attention biases and tied
 /// embeddings (different architectures, so roles never mix up). 16 sequences a step.
+/// Two plans of ppo-tiny on 8 devices: every model-stage on its own GPUs, then most changed.
+inline constexpr const char* kPlanA = R"({"actor/generate": "tp=2,pp=1,dp=4,devices=0-7",
+  "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "reference/infer": "tp=2,pp=1,dp=1,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
+  "actor/train": "tp=4,pp=1,dp=1,devices=0-3", "critic/train": "tp=4,pp=1,dp=1,devices=4-7"})";
+inline constexpr const char* kPlanB = R"({"actor/generate": "tp=1,pp=1,dp=8,devices=0-7",
+  "actor/infer": "tp=1,pp=1,dp=2,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+  "reference/infer": "tp=1,pp=1,dp=2,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
+  "actor/train": "tp=2,pp=2,dp=1,devices=4-7", "critic/train": "tp=2,pp=2,dp=1,devices=0-3"})";
+
 inline nereus::JobSpec tiny_ppo_job(bool moe = false) {
   nereus::JobSpec j;
   j.algorithm = nereus::Algorithm::ppo;

@@ -46,15 +46,6 @@ asio::awaitable<void> run_step(Job& job, double ms) {
   co_await job.end_step();
 }
 
-const char* kPlanA = R"({"actor/generate": "tp=2,pp=1,dp=4,devices=0-7",
-  "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
-  "reference/infer": "tp=2,pp=1,dp=1,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
-  "actor/train": "tp=4,pp=1,dp=1,devices=0-3", "critic/train": "tp=4,pp=1,dp=1,devices=4-7"})";
-const char* kPlanB = R"({"actor/generate": "tp=1,pp=1,dp=8,devices=0-7",
-  "actor/infer": "tp=1,pp=1,dp=2,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
-  "reference/infer": "tp=1,pp=1,dp=2,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
-  "actor/train": "tp=2,pp=2,dp=1,devices=4-7", "critic/train": "tp=2,pp=2,dp=1,devices=0-3"})";
-
 JobOptions options(std::size_t capacity = 64 << 20) {
   JobOptions o;
   o.devices = 8;
@@ -71,7 +62,7 @@ std::string spec_of(const GlobalPlan& p, const std::string& stage) { return to_s
 TEST_CASE("job: a transition between steps moves real bytes and logical state") {
   asio::io_context io;
   const JobSpec spec = load_job("ppo-tiny");
-  const GlobalPlan a = load_global_plan(spec, kPlanA), b = load_global_plan(spec, kPlanB);
+  const GlobalPlan a = load_global_plan(spec, testcase::kPlanA), b = load_global_plan(spec, testcase::kPlanB);
   Job job(io.get_executor(), spec, a, options());
   CHECK(job.verify().ok);
   run_on(io, [&]() -> asio::awaitable<int> { co_await run_step(job, 1); co_return 0; }());
@@ -107,7 +98,7 @@ TEST_CASE("job: a transition between steps moves real bytes and logical state") 
 TEST_CASE("job: a transition begun mid-step overlaps the rest of the step and takes effect at the next") {
   asio::io_context io;
   const JobSpec spec = load_job("ppo-tiny");
-  const GlobalPlan a = load_global_plan(spec, kPlanA), b = load_global_plan(spec, kPlanB);
+  const GlobalPlan a = load_global_plan(spec, testcase::kPlanA), b = load_global_plan(spec, testcase::kPlanB);
   Job job(io.get_executor(), spec, a, options());
   std::vector<std::string> log;
   const TransitionReport r = run_on(io, [&]() -> asio::awaitable<TransitionReport> {
@@ -134,7 +125,7 @@ TEST_CASE("job: a transition begun mid-step overlaps the rest of the step and ta
 
 TEST_CASE("job: cancellation and injected failures leave every model-stage a complete collection") {
   const JobSpec spec = load_job("ppo-tiny");
-  const GlobalPlan a = load_global_plan(spec, kPlanA), b = load_global_plan(spec, kPlanB);
+  const GlobalPlan a = load_global_plan(spec, testcase::kPlanA), b = load_global_plan(spec, testcase::kPlanB);
   for (int fail_at = 0; fail_at < 24; fail_at += 3) {
     CAPTURE(fail_at);
     asio::io_context io;
@@ -182,15 +173,15 @@ TEST_CASE("job: GPU memory where no GPU is, or no CUDA is built in: one error na
   const JobSpec spec = load_job("ppo-tiny");
   JobOptions o = options();
   o.memory = MemoryKind::cuda;
-  const std::string e = error_of([&] { Job(io.get_executor(), spec, load_global_plan(spec, kPlanA), o); });
+  const std::string e = error_of([&] { Job(io.get_executor(), spec, load_global_plan(spec, testcase::kPlanA), o); });
   CHECK((has(e, "device 0: no CUDA device 0") || has(e, "device 0: no cuda backend")));
 }
 
 TEST_CASE("job: infeasible transitions and bad input are refused before any byte moves") {
   asio::io_context io;
   const JobSpec spec = load_job("ppo-tiny");
-  const GlobalPlan a = load_global_plan(spec, kPlanA);
-  std::string swap = kPlanA;
+  const GlobalPlan a = load_global_plan(spec, testcase::kPlanA);
+  std::string swap = testcase::kPlanA;
   swap.replace(swap.find("\"actor/train\": \"tp=4,pp=1,dp=1,devices=0-3\""), 43, "\"actor/train\": \"tp=4,pp=1,dp=1,devices=4-7\"");
   swap.replace(swap.find("\"critic/train\": \"tp=4,pp=1,dp=1,devices=4-7\""), 44, "\"critic/train\": \"tp=4,pp=1,dp=1,devices=0-3\"");
   // Just enough for the plan, not for both training stages at once on a GPU.
@@ -279,7 +270,7 @@ TEST_CASE("job: random MoE plan changes (ep, etp) under random timing") {
 
 TEST_CASE("job: a memory-first transition on full devices, completed or cancelled part-way") {
   const JobSpec spec = load_job("ppo-tiny");
-  std::string from = kPlanA;
+  std::string from = testcase::kPlanA;
   from.replace(from.find("\"actor/train\": \"tp=4,pp=1,dp=1,devices=0-3\""), 43, "\"actor/train\": \"tp=2,pp=1,dp=2,devices=0-3\"");
   std::string to = from;
   to.replace(to.find("\"actor/train\": \"tp=2,pp=1,dp=2,devices=0-3\""), 43, "\"actor/train\": \"tp=1,pp=2,dp=2,devices=0-3\"");

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "../job_cases.hpp"
 #include "../run_async.hpp"
 #include "../runtime_world.hpp"
 #include "../test_util.hpp"
@@ -214,22 +215,14 @@ TEST_CASE("nccl transport: every link an NCCL message, in grouped rounds, stride
 TEST_CASE("embedded job in GPU memory: filled, changed plan through the cuda transport, checked, exported as the GPU's") {
   asio::io_context io;
   const JobSpec spec = load_job("ppo-tiny");
-  const char* a_plan = R"({"actor/generate": "tp=2,pp=1,dp=4,devices=0-7",
-    "actor/infer": "tp=2,pp=1,dp=1,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
-    "reference/infer": "tp=2,pp=1,dp=1,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
-    "actor/train": "tp=4,pp=1,dp=1,devices=0-3", "critic/train": "tp=4,pp=1,dp=1,devices=4-7"})";
-  const char* b_plan = R"({"actor/generate": "tp=1,pp=1,dp=8,devices=0-7",
-    "actor/infer": "tp=1,pp=1,dp=2,devices=0-1", "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
-    "reference/infer": "tp=1,pp=1,dp=2,devices=4-5", "reward/infer": "tp=2,pp=1,dp=1,devices=6-7",
-    "actor/train": "tp=2,pp=2,dp=1,devices=4-7", "critic/train": "tp=2,pp=2,dp=1,devices=0-3"})";
   JobOptions o;
   o.devices = 8;
   o.capacity = 64 << 20;
   o.fill = true;
   o.memory = MemoryKind::cuda;
-  Job job(io.get_executor(), spec, load_global_plan(spec, a_plan), o);
+  Job job(io.get_executor(), spec, load_global_plan(spec, testcase::kPlanA), o);
   CHECK(job.verify().ok);  // filled through host copies, checked through host copies
-  const TransitionReport r = run_on(io, job.transition(load_global_plan(spec, b_plan)));
+  const TransitionReport r = run_on(io, job.transition(load_global_plan(spec, testcase::kPlanB)));
   CHECK(r.completed);
   CHECK(r.moved_bytes > 0);
   const FillCheck v = job.verify();
