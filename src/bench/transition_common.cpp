@@ -193,7 +193,6 @@ Prepared prepare(const TransitionConfig& c) {
       c.transport != "nccl")
     throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag, auto, cuda, nccl");
   const std::string gpu_flag = c.transport == "cuda" || c.transport == "nccl" ? "--transport " + c.transport : "--memory cuda";
-  if (c.nccl && !nccl_built()) throw Error("--transport nccl: this build has no NCCL transport (it needs cudart and nccl.h)");
   if (c.cuda && !cuda_built()) throw Error(gpu_flag + ": this build has no CUDA (reconfigure with -Dcuda=enabled)");
   if (c.cuda && cuda_device_count() == 0) throw Error(gpu_flag + ": no CUDA device is present");
   if (c.procs < 1) throw Error("--procs must be at least 1");
@@ -204,6 +203,9 @@ Prepared prepare(const TransitionConfig& c) {
   if (c.nodes > 1 && !c.ipc)
     throw Error("--nodes emulates machines that CUDA IPC does not cross: it needs --transport cuda or auto with --memory cuda");
   if (c.across == "nccl" && !c.ipc) throw Error("--across nccl is for the links CUDA IPC does not reach: it needs --transport cuda or auto with --memory cuda");
+  if (c.nccl && !nccl_built())
+    throw Error(std::string(c.transport == "nccl" ? "--transport nccl" : "--across nccl") +
+                ": this build has no NCCL transport (it needs cudart and nccl.h)");
   Prepared p = prepare_reshard(c);
   if (c.procs > static_cast<int>(p.devices.size()))
     throw Error("--procs " + std::to_string(c.procs) + " exceeds the " + std::to_string(p.devices.size()) + " devices");
