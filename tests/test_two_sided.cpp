@@ -26,6 +26,14 @@ using testing::run_on;
 
 namespace {
 
+/// Closes a UCX transport the test made (its worker ends on the test's loop).
+void shut_down(asio::io_context& io, UcxTransport& ucx) {
+  run_on(io, [&]() -> asio::awaitable<int> {
+    co_await ucx.shutdown();
+    co_return 0;
+  }());
+}
+
 /// What process `self` of `procs` binds: its own target buffers and every source buffer
 /// (as the peers publish them), at made-up addresses: bind() touches no memory.
 BufferTable table_of(const ReshardPlan& plan, const std::function<PeerId(DeviceId)>& owner, PeerId self) {
@@ -190,10 +198,7 @@ TEST_CASE("ucx tagged messages move real bytes, strided sides staged, through th
     CHECK(report.commits.size() == dst.units.size());
   }
   CHECK(testing::landed_as_planned(transfers, w.table));
-  run_on(io, [&]() -> asio::awaitable<int> {
-    co_await ucx.shutdown();
-    co_return 0;
-  }());
+  shut_down(io, ucx);
 }
 
 TEST_CASE("link path: copies inside a process, gets across, messages where asked or where gets are missing") {
@@ -267,10 +272,7 @@ TEST_CASE("a remote transport without gets moves links as messages without being
   CHECK(report.sent_bytes == plan.summary().moved_bytes);
   CHECK(report.link_bytes == plan.summary().moved_bytes);
   CHECK(testing::landed_as_planned(transfers, w.table));
-  run_on(io, [&]() -> asio::awaitable<int> {
-    co_await ucx.shutdown();
-    co_return 0;
-  }());
+  shut_down(io, ucx);
 }
 
 namespace {
@@ -342,10 +344,7 @@ TEST_CASE("memory the remote transport does not move is staged through host memo
     CHECK(copies.allocated < static_cast<int>(messages));
   }
   CHECK(copies.freed == copies.allocated);  // given back with the executor
-  run_on(io, [&]() -> asio::awaitable<int> {
-    co_await ucx.shutdown();
-    co_return 0;
-  }());
+  shut_down(io, ucx);
 }
 
 TEST_CASE("a staging copy that fails at once stops a two-sided run with its error, every worker joined") {
@@ -373,10 +372,7 @@ TEST_CASE("a staging copy that fails at once stops a two-sided run with its erro
     why = e.what();
   }
   CHECK(why.find("failed: mock failure at once") != std::string::npos);
-  run_on(io, [&]() -> asio::awaitable<int> {
-    co_await ucx.shutdown();
-    co_return 0;
-  }());
+  shut_down(io, ucx);
 }
 
 namespace {
@@ -448,10 +444,7 @@ TEST_CASE("rounds: real bytes through UCX tagged messages, round by round, group
     for (std::size_t k = 0; k < rounds.size(); ++k) CHECK(grouped.groups[k] == rounds[k].size());
   }
   CHECK(testing::landed_as_planned(transfers, w.table));
-  run_on(io, [&]() -> asio::awaitable<int> {
-    co_await ucx.shutdown();
-    co_return 0;
-  }());
+  shut_down(io, ucx);
 }
 
 TEST_CASE("rounds: a failed group stops the run naming a transfer; strided messages reach a transport that packs them") {

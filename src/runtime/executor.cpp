@@ -178,6 +178,8 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
       BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), BoundTransition::kNone, {}, false, {}};
       op.grouped = to_dst->grouped;
       op.in_rounds = options_.rounds || op.grouped;
+      op.peer_moves = moves(to_dst->memory, src->kind);
+      op.peer_packs = to_dst->strided_messages;
       op.list.op = Op::send;
       op.list.kind = src->kind;
       op.list.peer = owner_of_(t.dst);
@@ -208,6 +210,8 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
     BoundTransition::BoundOp op{static_cast<std::uint32_t>(i), unit->second, {}, t.src == t.dst, {}};
     op.grouped = path == LinkPath::message && reach->grouped;
     op.in_rounds = path == LinkPath::message && (options_.rounds || op.grouped);
+    op.peer_moves = path == LinkPath::message && moves(reach->memory, dst->kind);
+    op.peer_packs = path == LinkPath::message && reach->strided_messages;
     op.list.op = local ? Op::copy : path == LinkPath::message ? Op::recv : Op::get;
     op.list.kind = dst->kind;
     op.list.peer = src->owner;
@@ -308,14 +312,14 @@ void Executor::give_back(Staging buffer) {
   if (spare_staging_.size() < 16) spare_staging_.push_back(std::move(buffer));
 }
 
-Executor::Outgoing Executor::outgoing(const DescriptorList& part, std::uint64_t tag) {
+Executor::Outgoing Executor::outgoing(const BoundTransition::BoundOp& op, std::uint32_t chunk, std::uint64_t tag) {
+  const DescriptorList& part = op.parts[chunk];
   const bool sends = part.op == Op::send;
   Outgoing out;
   out.msg = part;
   out.msg.tag = tag;
-  const Capabilities can = remote_->capabilities_for(part.peer);
-  const bool remote_moves_it = std::find(can.memory.begin(), can.memory.end(), part.kind) != can.memory.end();
-  if (remote_moves_it && can.strided_messages) return out;  // the transport packs and unpacks itself
+  const bool remote_moves_it = op.peer_moves;  // what bind() found its peer's transport does
+  if (remote_moves_it && op.peer_packs) return out;  // the transport packs and unpacks itself
   // Our side's runs, in message order; contiguous when each starts where the last ended.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;  // address, bytes
   for (const Segment& s : part.segments) {
@@ -351,9 +355,9 @@ Executor::Outgoing Executor::outgoing(const DescriptorList& part, std::uint64_t 
   return out;
 }
 
-asio::awaitable<Status> Executor::message(const DescriptorList& part, std::uint64_t tag) {
-  Outgoing o = outgoing(part, tag);
-  const bool sends = part.op == Op::send;
+asio::awaitable<Status> Executor::message(const BoundTransition::BoundOp& op, std::uint32_t chunk, std::uint64_t tag) {
+  Outgoing o = outgoing(op, chunk, tag);
+  const bool sends = op.list.op == Op::send;
   Status st;
   if (sends && o.staged()) st = co_await copies_.post(o.copy);
   if (st) st = co_await remote_->post(std::move(o.msg));
@@ -412,7 +416,7 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
       for (std::uint32_t k = 0; k < op.parts.size(); ++k) {
         const DescriptorList& part = op.parts[k];
         Status st;  // no co_await inside ?: (GCC 12 destroys the temporaries twice)
-        if (two_sided(op)) st = co_await message(part, message_tag(run_number, op.src(), op.dst(), op.first_message + k));
+        if (two_sided(op)) st = co_await message(op, k, message_tag(run_number, op.src(), op.dst(), op.first_message + k));
         else st = co_await tr.post(part);
         if (!st) co_return fail(op, st);
         if (op.unit != BoundTransition::kNone) landed_ += part.bytes();
@@ -438,7 +442,7 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
       for (const auto& p : round) {
         const BoundOp& op = bound.ops_[p.op];
         if (op_start[p.op] < 0) op_start[p.op] = start;
-        outs.push_back(outgoing(op.parts[p.chunk], message_tag(run_number, op.src(), op.dst(), op.first_message + p.chunk)));
+        outs.push_back(outgoing(op, p.chunk, message_tag(run_number, op.src(), op.dst(), op.first_message + p.chunk)));
       }
       std::vector<Status> status(round.size());
       for (std::size_t i = 0; i < outs.size() && error.empty(); ++i)

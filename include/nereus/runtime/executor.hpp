@@ -127,6 +127,8 @@ class BoundTransition {
     std::uint32_t first_message = 0;    ///< two-sided: the ordinal of parts[0] on its link
     bool in_rounds = false;             ///< two-sided and run in rounds (options.rounds, or a grouped peer)
     bool grouped = false;               ///< its peer's transport takes it in post_group()
+    bool peer_moves = false;            ///< message: its peer's transport moves its memory kind
+    bool peer_packs = false;            ///< message: and packs strided runs itself (strided_messages)
     DeviceId src() const { return list.op == Op::send ? list.local_device : list.remote_device; }
     DeviceId dst() const { return list.op == Op::send ? list.remote_device : list.local_device; }
   };
@@ -173,7 +175,7 @@ class Executor {
 
  private:
   /// One chunk of a two-sided op, staged through contiguous memory when its runs are not.
-  asio::awaitable<Status> message(const DescriptorList& part, std::uint64_t tag);
+  asio::awaitable<Status> message(const BoundTransition::BoundOp& op, std::uint32_t chunk, std::uint64_t tag);
   /// A contiguous staging buffer from the copy transport (alloc_host) and its real size
   /// (a reused one may be larger than asked).
   struct FreeHost {
@@ -201,7 +203,7 @@ class Executor {
     Staging buffer;
     bool staged() const { return !copy.segments.empty(); }
   };
-  Outgoing outgoing(const DescriptorList& part, std::uint64_t tag);
+  Outgoing outgoing(const BoundTransition::BoundOp& op, std::uint32_t chunk, std::uint64_t tag);
   std::vector<Staging> spare_staging_;  // reused across runs
 
 };
