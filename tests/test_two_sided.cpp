@@ -234,22 +234,39 @@ namespace {
 /// executor's choice sees (the bytes still move through real UCX).
 class TagsOnly final : public Transport {
  public:
-  explicit TagsOnly(UcxTransport& inner) : inner_(inner) {}
-  std::string_view name() const override { return "tags-only"; }
+  /// `grouped`: also says messages go in groups (as NCCL does): post_group posts its
+  /// lists at once and completes when all did, recording each group's size.
+  explicit TagsOnly(UcxTransport& inner, bool grouped = false) : inner_(inner), grouped_(grouped) {}
+  std::string_view name() const override { return grouped_ ? "grouped-tags" : "tags-only"; }
   Capabilities capabilities() const override {
     Capabilities c = inner_.capabilities();
     c.remote_get = c.remote_put = false;
+    c.grouped = grouped_;
     return c;
   }
   Registration register_memory(const MemoryRegion& r) override { return inner_.register_memory(r); }
   void deregister_memory(const Registration& r) override { inner_.deregister_memory(r); }
   asio::awaitable<Status> post(DescriptorList list) override {
+    if (grouped_) co_return Status{StatusCode::invalid, "grouped-tags: a message posted outside a group"};
     if (list.op == Op::get || list.op == Op::put) co_return Status{StatusCode::not_supported, "tags-only: no gets"};
     co_return co_await inner_.post(std::move(list));
   }
+  asio::awaitable<Status> post_group(std::vector<DescriptorList> lists) override {
+    groups.push_back(lists.size());
+    std::vector<Status> status(lists.size());
+    AsyncScope all(co_await asio::this_coro::executor);
+    auto one = [this](DescriptorList& l, Status& st) -> asio::awaitable<void> { st = co_await inner_.post(l); };
+    for (std::size_t i = 0; i < lists.size(); ++i) all.spawn(one(lists[i], status[i]));
+    co_await all.join();
+    for (const Status& st : status)
+      if (!st) co_return st;
+    co_return Status::ok();
+  }
+  std::vector<std::size_t> groups;
 
  private:
   UcxTransport& inner_;
+  bool grouped_;
 };
 
 }  // namespace
@@ -375,43 +392,6 @@ TEST_CASE("a staging copy that fails at once stops a two-sided run with its erro
   shut_down(io, ucx);
 }
 
-namespace {
-
-/// UCX tagged messages presented as a grouped transport (as NCCL is): post_group posts
-/// its lists at once and completes when all did; it records the groups.
-class GroupedTags final : public Transport {
- public:
-  explicit GroupedTags(UcxTransport& inner) : inner_(inner) {}
-  std::string_view name() const override { return "grouped-tags"; }
-  Capabilities capabilities() const override {
-    Capabilities c = inner_.capabilities();
-    c.remote_get = c.remote_put = false;
-    c.grouped = true;
-    return c;
-  }
-  Registration register_memory(const MemoryRegion& r) override { return inner_.register_memory(r); }
-  void deregister_memory(const Registration& r) override { inner_.deregister_memory(r); }
-  asio::awaitable<Status> post(DescriptorList) override {
-    co_return Status{StatusCode::invalid, "grouped-tags: a message posted outside a group"};
-  }
-  asio::awaitable<Status> post_group(std::vector<DescriptorList> lists) override {
-    groups.push_back(lists.size());
-    std::vector<Status> status(lists.size());
-    AsyncScope all(co_await asio::this_coro::executor);
-    auto one = [this](DescriptorList& l, Status& st) -> asio::awaitable<void> { st = co_await inner_.post(l); };
-    for (std::size_t i = 0; i < lists.size(); ++i) all.spawn(one(lists[i], status[i]));
-    co_await all.join();
-    for (const Status& st : status)
-      if (!st) co_return st;
-    co_return Status::ok();
-  }
-  std::vector<std::size_t> groups;
-
- private:
-  UcxTransport& inner_;
-};
-
-}  // namespace
 
 TEST_CASE("rounds: real bytes through UCX tagged messages, round by round, grouped or not") {
   testing::Patterned r("tp=4,pp=1,dp=1", "tp=1,pp=2,dp=2,devices=4:5:6:7");
@@ -433,7 +413,7 @@ TEST_CASE("rounds: real bytes through UCX tagged messages, round by round, group
     CHECK(report.commits.size() == plan.target().units.size());
   }
   SUBCASE("grouped: one post_group per round, holding that round's sends and receives") {
-    GroupedTags grouped(ucx);
+    TagsOnly grouped(ucx, true);
     opt.rounds = false;  // a grouped transport runs in rounds without being asked
     Executor ex(local, &grouped, [](DeviceId) { return PeerId{0}; }, opt);
     const BoundTransition bound = ex.bind(transfers, plan.target(), w.table);
