@@ -241,6 +241,8 @@ with tempfile.TemporaryDirectory() as d:
                     "exposed_transition_seconds", "oom_steps", "failed_steps", "failure_seconds", "mean_compute_seconds"]:
             check(key in j, f"simulate {policy} JSON has {key} ({err.strip()})")
         check(j.get("steps") == 40 and j.get("transitions", 0) >= 1, f"simulate {policy}: 40 steps, the pool change handled")
+        check(all({"transition_seconds", "charged_seconds"} <= set(x) for x in j.get("decisions", [])),
+              f"simulate {policy}: each decision has L_tran and what admission charged")
     check(len(open(tl).read().splitlines()) == 40, "one timeline line per step")
     check(open(svg).read().startswith("<svg"), "the plot is an SVG")
     # Several policies on one chart, one JSON line each, a Perfetto timeline of them all.

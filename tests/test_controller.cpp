@@ -4,6 +4,7 @@
 // cost model it grades.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -130,6 +131,63 @@ TEST_CASE("controller: when S* does not pay back, a cheaper candidate that does 
   CHECK(d.transition_seconds < to_best.summary.l_tran_seconds);
   CHECK(d.transition_seconds / (d.current_seconds - d.target_seconds) <= gamma * d.horizon_steps);
   CHECK(has(d.why, "pays back"));
+}
+
+TEST_CASE("controller: beside the steps, admission charges what the next step waits for, not all of L_tran") {
+  // The same change as above (cluster-3, 8 -> 16 GPUs, responses 256 -> 2,048 tokens).
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const ClusterSpec cluster = load_cluster("paper-cluster-3-h200");
+  ControllerOptions o;
+  o.beside_steps = true;
+  Controller ctl(job, cluster, o);
+  const GlobalPlan plan = ctl.initial({0, 8, 256, 256, 1});
+  const Signals next{1, 16, 2048, 2048, 1};
+  const Workload w = ctl.workload(next);
+  // No transition, no wait.
+  CHECK(ctl.exposed_seconds(plan, plan, ctl.transition(plan, plan, next), w) == 0);
+  const PlanChoice best = plan_job(ctl.model(), job, 16, w, {});
+  REQUIRE(best.feasible);
+  const TransitionGraph g = ctl.transition(plan, best.plan, next);
+  const double wait = ctl.exposed_seconds(plan, best.plan, g, w);
+  // Beside the steps the copies cannot be hidden more than entirely, nor wait longer than
+  // they run at the shared links' slowdown.
+  CHECK(wait >= 0);
+  CHECK(wait <= o.shared_link_slowdown * g.summary.l_tran_seconds + 1e-9);
+  // Units of a role that trains move only after its optimizer step, and the actor's
+  // generation is the next step's first stage: what it waits for cannot be hidden.
+  CHECK(wait > 0);
+  const Decision d = ctl.decide(next, plan);
+  REQUIRE(d.admitted);
+  CHECK(d.transition_seconds == doctest::Approx(ctl.transition(plan, d.target, next).summary.l_tran_seconds));
+  CHECK(d.charged_seconds == doctest::Approx(ctl.exposed_seconds(plan, d.target, ctl.transition(plan, d.target, next), w)));
+  CHECK(d.charged_seconds / (d.current_seconds - d.target_seconds) <= o.gamma * d.horizon_steps);
+  CHECK(has(d.why, "charged"));
+  // Between steps (the default), all of L_tran is charged.
+  Controller between(job, cluster);
+  const Decision b = between.decide(next, between.initial({0, 8, 256, 256, 1}));
+  CHECK(b.charged_seconds == doctest::Approx(b.transition_seconds));
+}
+
+TEST_CASE("simulator: on flapping links, payback beats greedy at step boundaries and is no worse beside the steps") {
+  // Inter-node links 4x slower every other 3 steps (scripts/make_link_flap_trace.py): a
+  // greedy controller follows every flap.
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const ClusterSpec cluster = load_cluster("paper-cluster-2-a100");
+  const char* source = std::getenv("NEREUS_SOURCE");
+  REQUIRE(source);
+  auto trace = load_trace(std::string(source) + "/examples/traces/link-flap-32gpu.jsonl");
+  trace.resize(std::min<std::size_t>(trace.size(), 60));
+  auto run = [&](const char* policy, bool overlap) {
+    SimulationOptions o;
+    o.overlap = overlap;
+    o.controller.policy = parse_policy(policy, o.controller.every);
+    return simulate(cluster, job, trace, o);
+  };
+  const SimulationResult nereus_b = run("nereus", false), greedy_b = run("greedy", false);
+  CHECK(greedy_b.transitions > nereus_b.transitions);
+  CHECK(nereus_b.mean_step_seconds < greedy_b.mean_step_seconds);
+  const SimulationResult nereus_o = run("nereus", true), greedy_o = run("greedy", true);
+  CHECK(nereus_o.mean_step_seconds <= greedy_o.mean_step_seconds * 1.001);
 }
 
 TEST_CASE("controller: memory is planned for the longest p95 of the recent steps") {

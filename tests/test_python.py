@@ -356,10 +356,12 @@ class Controller(unittest.TestCase):
         job.end_step()
         times = {s: 0.5 for s in job.model_stages}
         d = job.report_step(stage_seconds=times, response_len_mean=100, response_len_p95=150)
-        for key in ("trigger", "delta_seconds", "transition_seconds", "horizon_steps", "gamma", "admitted", "why",
-                    "target"):
+        for key in ("trigger", "delta_seconds", "transition_seconds", "charged_seconds", "horizon_steps", "gamma",
+                    "admitted", "why", "target"):
             self.assertIn(key, d)
         self.assertEqual(d["step"], 1)
+        # The embedded job runs transitions between steps: admission charges all of L_tran.
+        self.assertEqual(d["charged_seconds"], d["transition_seconds"])
         # Responses 8x longer: a drift the controller replans for.
         d = job.report_step(stage_seconds=times, response_len_mean=800, response_len_p95=1200)
         self.assertIn("length", d["trigger"])

@@ -46,6 +46,7 @@ void print_run(const SimulateArgs& a, const std::string& policy, const Simulatio
                            {"current_seconds", std::isfinite(d.current_seconds) ? nlohmann::json(d.current_seconds) : nlohmann::json(nullptr)},
                            {"target_seconds", d.target_seconds},
                            {"transition_seconds", d.transition_seconds},
+                           {"charged_seconds", d.charged_seconds},
                            {"horizon_steps", d.horizon_steps},
                            {"moved_bytes", d.moved_bytes},
                            {"decision_ms", d.decision_ms},

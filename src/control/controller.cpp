@@ -9,6 +9,7 @@
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
 #include "nereus/core/bytes.hpp"
+#include "nereus/plan/overlap.hpp"
 
 namespace nereus {
 
@@ -146,6 +147,22 @@ TransitionGraph Controller::transition(const GlobalPlan& from, const GlobalPlan&
   return g;
 }
 
+double Controller::exposed_seconds(const GlobalPlan& from, const GlobalPlan& to, const TransitionGraph& g,
+                                   const Workload& w) const {
+  // Frozen models' units may move from the end of the step before's generation: how long
+  // before the boundary that is, on the plan that step runs.
+  const PlanEstimate before = estimate_plan(model_, job_, from, w, options_.headroom);
+  const OverlapGraph og_from = overlap_graph(job_, from);
+  std::vector<double> generation = before.stage_seconds;
+  for (std::size_t i = 0; i < generation.size(); ++i)
+    if (og_from.phase[i] != 0) generation[i] = 0;
+  const double early = -(og_from.step_seconds(before.stage_seconds) - og_from.step_seconds(generation));
+  const BesideSteps beside = beside_steps(g, job_, early, options_.shared_link_slowdown);
+  const PlanEstimate after = estimate_plan(model_, job_, to, w, options_.headroom);
+  const OverlapGraph og_to = overlap_graph(job_, to);
+  return std::max(0.0, og_to.step_seconds(after.stage_seconds, beside.ready) - og_to.step_seconds(after.stage_seconds));
+}
+
 GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
   // Keep every stage's TP and PP; give each stage its old share of its phase's GPUs.
   std::vector<PlannedStage> stages;
@@ -271,6 +288,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     const TransitionGraph g = transition(current, d.target, s);
     d.admitted = !same_plan(current, d.target);
     d.transition_seconds = g.summary.l_tran_seconds;
+    d.charged_seconds = d.transition_seconds;
     d.moved_bytes = g.summary.moved_bytes;
     d.target_seconds = estimate_plan(model_, job_, d.target, w, options_.headroom).step_seconds;
     return done(d);
@@ -334,6 +352,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
       d.target = rescale(current, s.gpus);
       const TransitionGraph g = transition(current, d.target, s);
       d.transition_seconds = g.summary.l_tran_seconds;
+      d.charged_seconds = d.transition_seconds;
       d.moved_bytes = g.summary.moved_bytes;
       d.why += "; fallback: the same layouts, fewer replicas, sharing GPUs";
     }
@@ -365,9 +384,11 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
       continue;
     }
     const double gain = d.current_seconds - predicted;
-    const double cost = g.summary.l_tran_seconds;
+    // Beside the steps, a transition costs the steps only what they wait for it.
+    const double cost = options_.beside_steps && !d.urgent ? exposed_seconds(current, plan, g, w) : g.summary.l_tran_seconds;
     d.target_seconds = predicted;
-    d.transition_seconds = cost;
+    d.transition_seconds = g.summary.l_tran_seconds;
+    d.charged_seconds = cost;
     d.moved_bytes = g.summary.moved_bytes;
     bool admit = false;
     if (d.urgent) admit = true;
@@ -380,14 +401,14 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
       reference_seconds_ = predicted;
       if (predicted > best.step_seconds * (1 + options_.delta / 3) && !retry) retry_horizon_ = d.horizon_steps;
       char buf[200];
-      std::snprintf(buf, sizeof buf, "%s: %.3f s -> %.3f s per step, L_tran %.3f s, H %.1f steps", d.urgent ? "urgent" : "pays back",
-                    d.current_seconds, predicted, cost, d.horizon_steps);
+      std::snprintf(buf, sizeof buf, "%s: %.3f s -> %.3f s per step, L_tran %.3f s (charged %.3f s), H %.1f steps",
+                    d.urgent ? "urgent" : "pays back", d.current_seconds, predicted, d.transition_seconds, cost, d.horizon_steps);
       d.why = buf;
       return done(d);
     }
     char buf[200];
-    std::snprintf(buf, sizeof buf, "gain %.3f s per step does not pay back L_tran %.3f s within %g x %.1f steps", gain, cost,
-                  options_.gamma, d.horizon_steps);
+    std::snprintf(buf, sizeof buf, "gain %.3f s per step does not pay back %s %.3f s within %g x %.1f steps", gain,
+                  options_.beside_steps ? "its predicted wait" : "L_tran", cost, options_.gamma, d.horizon_steps);
     rejected = buf;  // a slower candidate may still pay back with a cheaper transition
   }
   d.why = rejected;

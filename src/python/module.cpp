@@ -178,6 +178,7 @@ py::dict decision_dict(const Decision& x, double gamma) {
   d["target_seconds"] = x.target_seconds;
   d["delta_seconds"] = x.current_seconds - x.target_seconds;  // ΔL
   d["transition_seconds"] = x.transition_seconds;            // L_tran
+  d["charged_seconds"] = x.charged_seconds;                  // what admission charged (L_tran between steps)
   d["horizon_steps"] = x.horizon_steps;                      // H_x
   d["gamma"] = gamma;
   d["moved_bytes"] = x.moved_bytes;

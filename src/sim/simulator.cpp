@@ -133,35 +133,6 @@ StepRun run_step(GroundTruth& truth, const JobSpec& job, const GlobalPlan& plan,
   return r;
 }
 
-/// When each model-stage's new units are ready, relative to the step boundary, for a
-/// transition that runs beside the steps: state of a role that trains can move only after
-/// its optimizer step (the boundary); frozen models' units from `early` on (< 0: during
-/// the step before). Returns per model-stage the release time and sets `span`.
-std::map<std::string, double> overlap_release(const TransitionGraph& g, const JobSpec& job, double early, double& span) {
-  std::map<std::string, bool> trains;
-  for (const ModelStage& s : model_stages(job)) trains[s.role] = trains[s.role] || s.kind == StageKind::train;
-  // Node times are the graph's critical path; a link-bound graph takes longer in all.
-  const double stretch =
-      g.summary.critical_path_seconds > 0 ? std::max(1.0, g.summary.l_tran_seconds / g.summary.critical_path_seconds) : 1.0;
-  std::vector<double> finish(g.nodes.size());
-  std::map<std::string, double> ready;
-  double first = std::numeric_limits<double>::infinity(), last = 0;
-  for (std::size_t k = 0; k < g.nodes.size(); ++k) {
-    const GraphNode& node = g.nodes[k];
-    const std::string& stage = g.stages[node.unit.stage];
-    const std::string role = stage.substr(0, stage.find('/'));
-    double start = trains[role] ? 0.0 : early;
-    for (const Edge& e : node.after) start = std::max(start, finish[e.node]);
-    const bool alone = start >= 0 && g.phase[node.unit.stage] == 0;
-    finish[k] = start + node.seconds * stretch * (alone ? 1.0 : kSharedLinkSlowdown);
-    first = std::min(first, start);
-    last = std::max(last, finish[k]);
-    if (node.is_build() && node.unit.target) ready[stage] = std::max(ready[stage], finish[k]);
-  }
-  span = g.nodes.empty() ? 0 : last - first;
-  return ready;
-}
-
 /// One stage alone on its GPUs (profiling, held-out checks): its measured seconds, or 0
 /// when it does not fit.
 double single_run(GroundTruth& truth, const ModelStage& st, const Candidate& c, const TruthLoad& load) {
@@ -237,7 +208,11 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
       throw Error("simulate: step " + std::to_string(s.step) + " asks for " + std::to_string(s.gpus) +
                   " GPUs but the cluster has " + std::to_string(cluster.gpus()));
   GroundTruth truth(cluster, options.seed, options.noise);
-  Controller ctl(job, cluster, options.controller);
+  // The controller knows how the runtime runs transitions: beside the steps, it charges
+  // what the steps are predicted to wait for them.
+  ControllerOptions control = options.controller;
+  control.beside_steps = options.overlap;
+  Controller ctl(job, cluster, control);
   // Transitions' true time: their graphs with the truth's link efficiencies.
   ClusterSpec links = cluster;
   links.intra_node_gbps *= truth.intra_efficiency();
@@ -280,9 +255,10 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
           // transition runs first, in the open.
           rec.transition_seconds = rec.exposed_seconds = before = g.summary.l_tran_seconds;
         } else {
-          double span = 0;
-          release = overlap_release(g, job, -(previous.unhindered_seconds - previous.generation_done), span);
-          rec.transition_seconds = span;
+          BesideSteps beside =
+              beside_steps(g, job, -(previous.unhindered_seconds - previous.generation_done), kSharedLinkSlowdown);
+          release = std::move(beside.ready);
+          rec.transition_seconds = beside.span;
         }
         r.transition_seconds += rec.transition_seconds;
         ++r.transitions;

@@ -6,7 +6,8 @@
 // length, inter-node link slowdown, or the current plan's predicted latency under the
 // calibrated model ("model") — beyond δ of its reference value. References reset at
 // every replan, also when the candidate is rejected. Admission: urgent → the first
-// feasible transition; otherwise ΔL > 0 and L_tran / ΔL ≤ γ·H_x, with H_x the moving
+// feasible transition; otherwise ΔL > 0 and L_tran / ΔL ≤ γ·H_x (L_tran: what the steps
+// wait for the transition, when it runs beside them — ControllerOptions::beside_steps), with H_x the moving
 // average of steps between crossings of the triggering signal (1 before the first
 // interval; the smallest H_x when several trigger). When S* cannot be reached, slightly
 // slower candidates that keep more of the current plan are tried — S* with one model-stage
@@ -46,6 +47,14 @@ struct ControllerOptions {
   double headroom = 0.1;
   int alternatives = 6;     ///< slower candidates tried when S* is out of reach
   int memory_window = 8;    ///< steps whose largest p95 response length sizes memory
+  /// Transitions run beside the steps (the job runtime's overlap mode), so admission
+  /// charges the seconds the next step is predicted to wait for the new units, not the
+  /// whole L_tran. Off: they run between steps and all of L_tran is charged (the embedded
+  /// job, the paper's setting).
+  bool beside_steps = false;
+  /// The controller's assumption of how much slower a copy runs while it shares links with
+  /// the stages' collectives (beside_steps).
+  double shared_link_slowdown = 2;
   PlannerOptions planner;
 };
 
@@ -69,6 +78,7 @@ struct Decision {
   double current_seconds = 0;    ///< predicted step latency of the current plan (inf: cannot run)
   double target_seconds = 0;     ///< of the admitted (or best rejected) candidate
   double transition_seconds = 0; ///< its L_tran
+  double charged_seconds = 0;    ///< what admission charged: L_tran, or with beside_steps the predicted wait
   double horizon_steps = 0;      ///< H_x used
   std::uint64_t moved_bytes = 0;
   double decision_ms = 0;        ///< planner + transition graphs
@@ -121,6 +131,9 @@ class Controller {
   Workload workload(const Signals& s) const;
   /// The transition graph S → S* the controller would run (memory from the cost model).
   TransitionGraph transition(const GlobalPlan& from, const GlobalPlan& to, const Signals& s) const;
+  /// The seconds the first step on `to` is predicted to wait for `g` run beside the steps
+  /// (ControllerOptions::beside_steps) after a step on `from`.
+  double exposed_seconds(const GlobalPlan& from, const GlobalPlan& to, const TransitionGraph& g, const Workload& w) const;
 
  private:
   double horizon(const std::vector<std::string>& signals, long step);

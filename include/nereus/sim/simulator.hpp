@@ -26,7 +26,8 @@ struct SimulationOptions {
   /// step's response length. They calibrate the cost model and are not counted in the run.
   int profile_runs = 24;
   /// Transitions run beside the steps as the job runtime runs them (true), or all at step
-  /// boundaries with nothing hidden, as the paper measured them (false).
+  /// boundaries with nothing hidden, as the paper measured them (false). The controller is
+  /// told (ControllerOptions::beside_steps).
   bool overlap = true;
   /// Called after each step with the number of steps done (progress displays).
   std::function<void(std::size_t)> on_step;
