@@ -190,6 +190,25 @@ TEST_CASE("simulator: on flapping links, payback beats greedy at step boundaries
   CHECK(nereus_o.mean_step_seconds <= greedy_o.mean_step_seconds * 1.001);
 }
 
+TEST_CASE("controller: a layout at a response length a factor 2 apart is a calibration point of its own") {
+  // Each configuration weighs as one measurement, the mean of its own. A plan that ran many
+  // steps at one length and a few at four times it must not have the long ones averaged
+  // away: ten measurements at L and one at 4L calibrate as one of each. (Were the length
+  // not part of the point, the ten would outweigh the one.)
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const ClusterSpec cluster = load_cluster("paper-cluster-2-a100");
+  const ModelStage stage = model_stages(job).front();
+  const Candidate c = candidate_of(*Controller(job, cluster).initial({0, 32, 1000, 1160, 1}).find(stage.name()));
+  Controller many(job, cluster), once(job, cluster);
+  const Workload short_w = many.workload({0, 32, 1000, 1160, 1}), long_w = many.workload({0, 32, 4000, 4640, 1});
+  for (int i = 0; i < 10; ++i) many.measure(stage, c, short_w, 30.0);
+  many.measure(stage, c, long_w, 200.0);
+  once.measure(stage, c, short_w, 30.0);
+  once.measure(stage, c, long_w, 200.0);
+  const auto a = many.model().efficiency(), b = once.model().efficiency();
+  for (std::size_t k = 0; k < a.size(); ++k) CHECK(a[k] == doctest::Approx(b[k]));
+}
+
 TEST_CASE("controller: memory is planned for the longest p95 of the recent steps") {
   const JobSpec job = load_job("ppo-llama-3.1-8b");
   ControllerOptions o;

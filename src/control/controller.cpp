@@ -74,7 +74,14 @@ GlobalPlan Controller::initial(const Signals& s) {
 }
 
 void Controller::measure(const ModelStage& stage, const Candidate& c, const Workload& w, double seconds) {
-  calibrator_.add({model_.work(stage, c, w), seconds, stage.name() + " " + to_string(c.layout()) + ",dp=" + std::to_string(c.dp) + (c.recompute ? ",recompute" : "")});
+  // A configuration weighs as one measurement (calibration.hpp), and a configuration is
+  // its layout at a workload: the same plan at twice the response length spends its time
+  // differently (attention and the KV cache grow faster than the GEMMs), so it is a point
+  // of the profile of its own. Lengths within a factor √2 share one.
+  const long bucket = std::lround(2 * std::log2(std::max(1.0, w.response_len_p95)));
+  calibrator_.add({model_.work(stage, c, w), seconds,
+                   stage.name() + " " + to_string(c.layout()) + ",dp=" + std::to_string(c.dp) + (c.recompute ? ",recompute" : "") +
+                       ",len~" + std::to_string(bucket)});
   model_.set_efficiency(calibrator_.efficiency());
 }
 
