@@ -360,7 +360,7 @@ class Controller(unittest.TestCase):
                     "admitted", "why", "target"):
             self.assertIn(key, d)
         self.assertEqual(d["step"], 1)
-        # The embedded job runs transitions between steps: admission charges all of L_tran.
+        # The embedded controller does not count on the transition hiding: it charges all of L_tran.
         self.assertEqual(d["charged_seconds"], d["transition_seconds"])
         # Responses 8x longer: a drift the controller replans for.
         d = job.report_step(stage_seconds=times, response_len_mean=800, response_len_p95=1200)

@@ -49,8 +49,9 @@ struct ControllerOptions {
   int memory_window = 8;    ///< steps whose largest p95 response length sizes memory
   /// Transitions run beside the steps (the job runtime's overlap mode), so admission
   /// charges the seconds the next step is predicted to wait for the new units, not the
-  /// whole L_tran. Off: they run between steps and all of L_tran is charged (the embedded
-  /// job, the paper's setting).
+  /// whole L_tran. Off: all of L_tran is charged, as when they run between steps (the
+  /// paper's setting; the embedded job's controller, which decides after a step and does
+  /// not count on the framework running the transition beside the next one).
   bool beside_steps = false;
   /// The controller's assumption of how much slower a copy runs while it shares links with
   /// the stages' collectives (beside_steps).
