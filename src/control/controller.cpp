@@ -154,20 +154,27 @@ TransitionGraph Controller::transition(const GlobalPlan& from, const GlobalPlan&
   return g;
 }
 
-double Controller::exposed_seconds(const GlobalPlan& from, const GlobalPlan& to, const TransitionGraph& g,
-                                   const Workload& w) const {
+double Controller::generation_lead(const GlobalPlan& from, const Workload& w) const {
   // Frozen models' units may move from the end of the step before's generation: how long
   // before the boundary that is, on the plan that step runs.
   const PlanEstimate before = estimate_plan(model_, job_, from, w, options_.headroom);
-  const OverlapGraph og_from = overlap_graph(job_, from);
+  const OverlapGraph og = overlap_graph(job_, from);
   std::vector<double> generation = before.stage_seconds;
   for (std::size_t i = 0; i < generation.size(); ++i)
-    if (og_from.phase[i] != 0) generation[i] = 0;
-  const double early = -(og_from.step_seconds(before.stage_seconds) - og_from.step_seconds(generation));
-  const BesideSteps beside = beside_steps(g, job_, early, options_.shared_link_slowdown);
+    if (og.phase[i] != 0) generation[i] = 0;
+  return og.step_seconds(before.stage_seconds) - og.step_seconds(generation);
+}
+
+double Controller::wait_for(const GlobalPlan& to, const TransitionGraph& g, const Workload& w, double lead) const {
+  const BesideSteps beside = beside_steps(g, job_, -lead, options_.shared_link_slowdown);
   const PlanEstimate after = estimate_plan(model_, job_, to, w, options_.headroom);
-  const OverlapGraph og_to = overlap_graph(job_, to);
-  return std::max(0.0, og_to.step_seconds(after.stage_seconds, beside.ready) - og_to.step_seconds(after.stage_seconds));
+  const OverlapGraph og = overlap_graph(job_, to);
+  return std::max(0.0, og.step_seconds(after.stage_seconds, beside.ready) - og.step_seconds(after.stage_seconds));
+}
+
+double Controller::exposed_seconds(const GlobalPlan& from, const GlobalPlan& to, const TransitionGraph& g,
+                                   const Workload& w) const {
+  return wait_for(to, g, w, generation_lead(from, w));
 }
 
 GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
@@ -380,6 +387,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     if (const PlanEstimate e = estimate_plan(model_, job_, scaled, w, options_.headroom); e.fits) options.emplace_back(e.step_seconds, scaled);
   std::stable_sort(options.begin(), options.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::string rejected;
+  std::optional<double> lead;  // the current plan's, the same for every candidate
   for (const auto& [predicted, plan] : options) {
     if (same_plan(plan, current)) {
       if (rejected.empty()) rejected = "already on the best plan";
@@ -392,7 +400,11 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     }
     const double gain = d.current_seconds - predicted;
     // Beside the steps, a transition costs the steps only what they wait for it.
-    const double cost = options_.beside_steps && !d.urgent ? exposed_seconds(current, plan, g, w) : g.summary.l_tran_seconds;
+    double cost = g.summary.l_tran_seconds;
+    if (options_.beside_steps && !d.urgent) {
+      if (!lead) lead = generation_lead(current, w);
+      cost = wait_for(plan, g, w, *lead);
+    }
     d.target_seconds = predicted;
     d.transition_seconds = g.summary.l_tran_seconds;
     d.charged_seconds = cost;

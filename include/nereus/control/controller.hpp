@@ -138,6 +138,10 @@ class Controller {
 
  private:
   double horizon(const std::vector<std::string>& signals, long step);
+  /// How long before a step's end on `from` its generation is done.
+  double generation_lead(const GlobalPlan& from, const Workload& w) const;
+  /// exposed_seconds() for a step before that ended `lead` seconds after its generation.
+  double wait_for(const GlobalPlan& to, const TransitionGraph& g, const Workload& w, double lead) const;
   void remember(const Signals& s);
 
   const JobSpec& job_;
