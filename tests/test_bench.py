@@ -196,8 +196,8 @@ p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--f
                     "tp=1,pp=1,dp=2", "--procs", "2"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
-                    "tp=1,pp=1,dp=2", "--transport", "ucx-tag", "--daemons", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
-check(p.returncode == 1 and "ucx-tag" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
-      f"ucx-tag with --daemons refused in one line ({p.stderr.strip()})")
+                    "tp=1,pp=1,dp=2", "--transport", "local", "--daemons", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+check(p.returncode == 1 and "--transport local" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+      f"local with --daemons refused in one line, before any daemon is asked ({p.stderr.strip()})")
 
 finish("bench")

@@ -155,6 +155,19 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(ready.info.regions[1].base == 0x7f00deadb000);
   CHECK(ready.info.regions[1].size == 65536);
   CHECK(ready.info.regions[1].key == Blob(8, std::byte{3}));
+  me.machine = "cuda-ipc 0b5e/node1";
+  CHECK(std::get<Ready>(decode_frame(encode_frame({kProtocolVersion, 1, 0, Ready{me}})).body).info.machine == me.machine);
+  // How a transition moves: every flag travels (the daemons' GPU transports).
+  TransitionSpec spec;
+  spec.model = "tiny-llama";
+  spec.two_sided = spec.rounds = true;
+  spec.cuda = spec.nccl = true;
+  const auto sent = std::get<Prepare>(decode_frame(encode_frame({kProtocolVersion, 1, 0, Prepare{spec, 8}})).body).spec;
+  CHECK((sent.two_sided && sent.rounds && sent.cuda && !sent.ipc && sent.nccl));
+  spec.two_sided = spec.rounds = spec.nccl = false;
+  spec.ipc = true;
+  const auto ipc = std::get<TransitionSpec>(decode_frame(encode_frame({kProtocolVersion, 1, 0, spec})).body);
+  CHECK((!ipc.two_sided && !ipc.rounds && ipc.cuda && ipc.ipc && !ipc.nccl));
   const Body long_id = JobOpen{"{}", 2, -1, -1, Bytes(129, 1), ""};
   CHECK(has(error_of([&] { decode_frame(encode_frame({kProtocolVersion, 1, 0, long_id})); }), "NCCL unique id of 129 bytes"));
 }

@@ -320,6 +320,39 @@ try:
     check(set(t) == {"ucx"} and t["ucx"]["bytes"] == sum(l["bytes"] for l in j.get("links", [])),
           f"the daemons bench's transports: the new replicas on nodes 1 and 2 pull from node 0 over ucx ({t})")
 
+    # Every transport of the bench across the daemons. UCX tagged messages, both ends
+    # posting: verified, and named so in the report; every node here is one machine.
+    rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--train", "--verify",
+                       "--transport", "ucx-tag")
+    t = j.get("transports", {})
+    check(rc == 0 and j.get("verified") is True and set(t) == {"ucx-tag"} and j.get("transport") == "ucx-tag",
+          f"daemons: --transport ucx-tag verified, its links ucx-tag ({t}; {err.strip()[-300:]})")
+    check(len(set(j.get("machines", {"": 1}).values())) == 1, f"the report's machines: one machine here ({j.get('machines')})")
+    # GPU memory: on a machine without a GPU, each node says so, nothing is left half made,
+    # and the daemons serve the next transition.
+    for transport in ("cuda", "nccl"):
+        rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--verify",
+                           "--transport", transport)
+        if rc == 0:  # a machine with a GPU
+            check(j.get("verified") is True, f"daemons: --transport {transport} verified on this machine's GPU")
+        else:
+            check(rc == 1 and re.search(r"node \d: .*(CUDA|GPU)", err) is not None,
+                  f"daemons: --transport {transport} without a GPU: one error naming the node ({err.strip()[-200:]})")
+    rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--transport", "local")
+    check(rc == 1 and "--daemons" in err, f"--transport local with --daemons: one clear error ({err.strip()[-200:]})")
+    # A daemon dies mid-run of tagged messages: its peers' sends and receives to it fail
+    # (or the coordinator sees it lost first); either way it is named and sources hold.
+    rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--train",
+                       "--repeat", "50", "--transport", "ucx-tag", "--inject-kill-node", "2")
+    check(rc == 1 and "node 2" in j.get("error", "") and j.get("verified_sources") is True,
+          f"ucx-tag: a daemon killed mid-run is named, the survivors' sources verify ({j.get('error')})")
+    j = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=10)
+    nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:256MiB", name="node2d")
+    j = wait_status(addr, lambda j: j.get("alive") == 3)
+    check(j is not None, "the killed node rejoins")
+    rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--train", "--verify")
+    check(rc == 0 and j.get("verified") is True, f"every daemon serves the next transition ({err.strip()[-300:]})")
+
     # A job across the daemons: the coordinator runs the controller, loads the units
     # (filled), compiles the global transition graph and runs it node by node; every
     # daemon checks every unit it holds against the fill.

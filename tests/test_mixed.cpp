@@ -9,6 +9,7 @@
 #include "runtime_world.hpp"
 #include "test_util.hpp"
 #include "nereus/runtime/executor.hpp"
+#include "nereus/runtime/participant.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/mixed.hpp"
 
@@ -171,4 +172,26 @@ TEST_CASE("mixed transport in the executor: gets where the peer is reached by ge
       CHECK(rounds[0][k][i].bytes == rounds[2][k][i].bytes);
     }
   }
+}
+
+TEST_CASE("transport names: what the benches' and the daemons' reports call each link, by the flags they run with") {
+  ReshardSpec c;
+  TransportNames n = transport_names(c);  // host memory, UCX gets
+  CHECK(n(true, true, true) == "local copy");
+  CHECK(n(false, true, true) == "local");
+  CHECK(n(false, false, true) == "ucx");
+  CHECK(n(false, false, false) == "ucx");
+  c.two_sided = true;
+  CHECK(transport_names(c)(false, false, false) == "ucx-tag");
+  c = {};
+  c.cuda = c.ipc = true;  // --transport cuda / auto --memory cuda: IPC inside a machine, staged tagged messages across
+  n = transport_names(c);
+  CHECK(n(false, true, true) == "cuda");
+  CHECK(n(false, false, true) == "cuda-ipc");
+  CHECK(n(false, false, false) == "ucx-tag");
+  c.nccl = true;  // --across nccl
+  CHECK(transport_names(c)(false, false, false) == "nccl");
+  CHECK(transport_names(c)(false, false, true) == "cuda-ipc");
+  c.ipc = false;  // --transport nccl: every link between processes
+  CHECK(transport_names(c)(false, false, true) == "nccl");
 }

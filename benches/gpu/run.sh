@@ -8,6 +8,8 @@
 #    "staged_ucx_tag": {...},   (GPU memory across two processes over UCX tagged messages,
 #    staged through page-locked host memory: the path between machines without CUDA-aware UCX)
 #    "nccl": {"library": path, "one_process": {...}, "two_processes": {...} or why not},
+#    "daemons": {"ipc": {...}, "staged_ucx_tag": {...}},   (the same reshard across two nereusd
+#    on this machine: CUDA IPC between the daemons, then UCX tagged messages staged through host memory)
 #    "mixed": {...}}   (4 processes as 2 emulated machines: CUDA IPC inside each, UCX tagged
 #    messages staged through host memory across, in one transition; `transports` has both)
 #    (every link an NCCL message in grouped rounds; NCCL comes from NEREUS_NCCL_LIBRARY or the
@@ -47,7 +49,28 @@ else nccl_two="{\"not_measured\": \"$gpus GPU(s): NCCL refuses two ranks on one 
 mixed=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --memory cuda --transport auto
        --procs 4 --nodes 2 --verify --repeat 5 --json --quiet)
 mixed_json=$(timeout 120 "$here/nereus" "${mixed[@]}" 2>&1 | tail -1)
-python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" <<'PY'
+# Across two daemons on this machine, two GPU devices each (logical devices on the GPUs present).
+work=$(mktemp -d)
+printf 'gpu-pack-%s-%s' "$$" "$RANDOM" > "$work/token"
+chmod 600 "$work/token"
+port=$((20000 + RANDOM % 20000))
+"$here/nereusd" --token-file "$work/token" --coordinator-mode --nodes 2 --listen 127.0.0.1:$port --devices host:2 > "$work/d0.log" 2>&1 &
+d0=$!
+"$here/nereusd" --token-file "$work/token" --coordinator 127.0.0.1:$port --node-rank 1 --nodes 2 --devices host:2 > "$work/d1.log" 2>&1 &
+d1=$!
+for _ in $(seq 40); do
+  "$here/nereus" cluster status --coordinator 127.0.0.1:$port --token-file "$work/token" --json 2>/dev/null | grep -q '"alive": *2' && break
+  sleep 0.5
+done
+on_daemons=(bench transition --daemons 127.0.0.1:$port --token-file "$work/token" --model llama-3.2-1b --from tp=4,pp=1,dp=1
+            --to tp=2,pp=1,dp=2 --capacity 4GiB --verify --repeat 5 --json --quiet)
+daemons_ipc=$(timeout 120 "$here/nereus" "${on_daemons[@]}" --transport cuda 2>&1 | tail -1)
+daemons_staged=$(timeout 120 "$here/nereus" "${on_daemons[@]}" --memory cuda --transport ucx-tag 2>&1 | tail -1)
+kill "$d0" "$d1" 2>/dev/null
+wait "$d0" "$d1" 2>/dev/null
+[ -n "$daemons_ipc" ] || daemons_ipc="{\"error\": \"no report; daemon logs: $(tail -c 300 "$work/d0.log" | tr -d '"\n')\"}"
+rm -rf "$work"
+python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" <<'PY'
 import json, sys
 rc, log = int(sys.argv[1]), open(sys.argv[2]).read()
 def parsed(text):
@@ -61,7 +84,8 @@ if one.get("gbps") and two.get("gbps"):
     ipc["ratio"] = two["gbps"] / one["gbps"]
 nccl = {"library": sys.argv[9], "one_process": nccl_one, "two_processes": nccl_two}
 mixed = parsed(sys.argv[10])
+daemons = {"ipc": parsed(sys.argv[11]), "staged_ucx_tag": parsed(sys.argv[12])}
 print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl,
-                  "mixed": mixed}))
+                  "mixed": mixed, "daemons": daemons}))
 PY
 rm -f "$suite_log"

@@ -30,11 +30,6 @@ struct TransitionConfig : ReshardSpec {
   std::string across = "ucx";  ///< ucx (tagged messages, GPU memory staged) | nccl
   /// The machine of worker `rank` (its CUDA IPC identity; empty with one node).
   std::string machine_of(int rank) const { return nodes > 1 ? "node" + std::to_string(rank * nodes / procs) : ""; }
-  /// What moves links inside a process, and between processes.
-  std::string local_name() const { return cuda ? "cuda" : "local"; }
-  std::string remote_name() const { return ipc ? "cuda-ipc" : nccl ? "nccl" : transport == "ucx-tag" ? "ucx-tag" : "ucx"; }
-  /// What links between machines take (with ipc: the mixed transport's second route).
-  std::string across_name() const { return ipc ? (nccl ? "nccl" : "ucx-tag") : remote_name(); }
   /// One process, and every link between its devices through UCX (--transport ucx or
   /// ucx-tag) or NCCL: what the bench measures of them without a second process.
   bool every_link_remote() const {
@@ -81,14 +76,14 @@ inline bool wants_timings(const TransitionConfig& c) { return !c.perfetto.empty(
 struct TransferLabels {
   std::function<int(int)> owner;  ///< device → the process (node) that owns it
   bool links_remote = false;      ///< every link through the remote transport
-  std::string remote = "ucx";     ///< its name: ucx (gets), ucx-tag (tagged messages), cuda-ipc
-  std::string local = "local";    ///< what links inside a process take: local, cuda
+  TransportNames names;
   std::function<int(int)> machine = [](int) { return 0; };  ///< process → its (emulated) machine
-  std::string across = "ucx";     ///< what links between machines take
   std::string operator()(int src, int dst) const;
 };
-/// The labels for a run of `c` over `p`'s devices; `devices_per_node` with --daemons.
-TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node = 0);
+/// The labels for a run of `c` over `p`'s devices. With --daemons, `devices_per_node` and
+/// each node's machine (node rank → machine index, from the coordinator's report).
+TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node = 0,
+                               std::map<int, int> machines = {});
 /// {transport: {bytes, gbps}} of the last run's transfers; GB/s over the span from the
 /// transport's first transfer's start to its last one's end.
 json transports_json(const TransferLabels& labels, const std::map<int, json>& timings);

@@ -144,25 +144,26 @@ std::string link_plot(const TransitionConfig& c, const std::map<int, json>& timi
 }  // namespace
 
 std::string TransferLabels::operator()(int src, int dst) const {
-  if (src == dst) return "local copy";
-  if (!links_remote && owner(src) == owner(dst)) return local;
-  return machine(owner(src)) != machine(owner(dst)) ? across : remote;
+  const int a = owner(src), b = owner(dst);
+  return names(src == dst, !links_remote && a == b, machine(a) == machine(b));
 }
 
-TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node) {
+TransferLabels transfer_labels(const TransitionConfig& c, const Prepared& p, int devices_per_node, std::map<int, int> machines) {
+  const TransportNames names = transport_names(c);
   if (!c.daemons.empty()) {
     const int per = std::max(1, devices_per_node);
-    return {[per](int d) { return d / per; }, false, "ucx"};
+    return {[per](int d) { return d / per; }, false, names,
+            [m = std::move(machines)](int node) { return m.contains(node) ? m.at(node) : 0; }};
   }
   if (c.procs > 1) {
     std::map<int, int> owner;
     for (int r = 0; r < c.procs; ++r)
       for (DeviceId d : devices_of(p.devices, r, c.procs)) owner[static_cast<int>(d)] = r;
     const int procs = c.procs, nodes = c.nodes;
-    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false, c.remote_name(), c.local_name(),
-            [procs, nodes](int r) { return r * nodes / procs; }, c.across_name()};
+    return {[owner](int d) { return owner.contains(d) ? owner.at(d) : 0; }, false, names,
+            [procs, nodes](int r) { return r * nodes / procs; }};
   }
-  return {[](int) { return 0; }, c.every_link_remote(), c.remote_name(), c.local_name()};
+  return {[](int) { return 0; }, c.every_link_remote(), names};
 }
 
 json transports_json(const TransferLabels& labels, const std::map<int, json>& timings) {
@@ -193,17 +194,21 @@ Prepared prepare(const TransitionConfig& c) {
       c.transport != "nccl")
     throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag, auto, cuda, nccl");
   const std::string gpu_flag = c.transport == "cuda" || c.transport == "nccl" ? "--transport " + c.transport : "--memory cuda";
-  if (c.cuda && !cuda_built()) throw Error(gpu_flag + ": this build has no CUDA (reconfigure with -Dcuda=enabled)");
-  if (c.cuda && cuda_device_count() == 0) throw Error(gpu_flag + ": no CUDA device is present");
+  // With --daemons the GPUs and the build that drives them are the nodes': they check.
+  const bool here = c.daemons.empty();
+  if (here && c.cuda && !cuda_built()) throw Error(gpu_flag + ": this build has no CUDA (reconfigure with -Dcuda=enabled)");
+  if (here && c.cuda && cuda_device_count() == 0) throw Error(gpu_flag + ": no CUDA device is present");
   if (c.procs < 1) throw Error("--procs must be at least 1");
   if (c.procs > 1 && c.transport == "local")
     throw Error("--transport local moves bytes inside one process; use --transport ucx, ucx-tag, auto, cuda or nccl with --procs " + std::to_string(c.procs));
+  if (!here && c.transport == "local")
+    throw Error("--transport local moves bytes inside one process; use --transport ucx, ucx-tag, auto, cuda or nccl with --daemons");
   if (c.repeat < 1) throw Error("--repeat must be at least 1");
   if (c.nodes < 1 || c.nodes > c.procs) throw Error("--nodes " + std::to_string(c.nodes) + " must be between 1 and --procs (" + std::to_string(c.procs) + ")");
   if (c.nodes > 1 && !c.ipc)
     throw Error("--nodes emulates machines that CUDA IPC does not cross: it needs --transport cuda or auto with --memory cuda");
   if (c.across == "nccl" && !c.ipc) throw Error("--across nccl is for the links CUDA IPC does not reach: it needs --transport cuda or auto with --memory cuda");
-  if (c.nccl && !nccl_built())
+  if (here && c.nccl && !nccl_built())
     throw Error(std::string(c.transport == "nccl" ? "--transport nccl" : "--across nccl") +
                 ": this build has no NCCL transport (it needs cudart and nccl.h)");
   Prepared p = prepare_reshard(c);

@@ -16,13 +16,13 @@ int run_on_daemons(const TransitionConfig& in) {
   using namespace nereus::cluster;
   TransitionConfig c = in;
   if (c.procs != 1) throw Error("--procs and --daemons exclude each other (the daemons' nodes are the processes)");
-  c.transport = "ucx";
-  const Prepared p = prepare(c);  // bad layouts fail here, before any daemon is asked
+  const Prepared p = prepare(c);  // bad flags and layouts fail here, before any daemon is asked
   const Endpoint at = parse_endpoint(c.daemons, "--daemons");
   const std::string token = load_token(c.token_file);
   TransitionSpec spec{c.model,    c.from,         c.to,       c.train,       c.sync,        c.repeat,
                       c.verify,   c.dump_dir,     c.capacity, c.copy_threads, c.per_link,    c.chunk_bytes,
-                      c.gpus_per_node, c.timeout_seconds, c.kill_node, wants_timings(c)};
+                      c.gpus_per_node, c.timeout_seconds, c.kill_node, wants_timings(c),
+                      c.two_sided,     c.rounds,          c.cuda,      c.ipc,           c.nccl};
   // The whole run: every phase may take up to the timeout.
   const Body ask = spec;
   const std::string text =
@@ -34,7 +34,10 @@ int run_on_daemons(const TransitionConfig& in) {
     throw Error("the coordinator's report is not JSON");
   }
   c.procs = j.value("procs", 1);
-  const TransferLabels labels = transfer_labels(c, p, j.value("devices_per_node", 1));
+  std::map<int, int> machines;
+  if (j.contains("machines"))
+    for (const auto& [rank, m] : j["machines"].items()) machines[std::stoi(rank)] = m.get<int>();
+  const TransferLabels labels = transfer_labels(c, p, j.value("devices_per_node", 1), std::move(machines));
   if (j.contains("timings")) {  // every node's transfers, already on the coordinator's clock
     std::map<int, json> timings;
     for (const auto& [rank, list] : j["timings"].items()) timings[std::stoi(rank)] = list;

@@ -147,11 +147,7 @@ int run_single_process(const TransitionConfig& c) {
 
 int run_transition_bench(const TransitionConfig& c, const std::vector<std::string>& argv) {
   if (c.worker_rank >= 0) return run_worker(c);
-  if (!c.daemons.empty()) {
-    if (c.transport == "ucx-tag" || c.transport == "cuda" || c.transport == "nccl")
-      throw Error("--transport " + c.transport + " runs in one process or with --procs; the daemons move host memory with UCX gets");
-    return run_on_daemons(c);
-  }
+  if (!c.daemons.empty()) return run_on_daemons(c);
   if (c.procs == 1) return run_single_process(c);
   return run_parent(c, "/proc/self/exe", argv);
 }

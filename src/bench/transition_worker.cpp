@@ -16,7 +16,7 @@ json to_json(const PeerInfo& w) {
   for (const auto& r : w.regions) regions.push_back({{"device", r.device}, {"key", binary(r.key)}});
   for (const auto& b : w.buffers)
     buffers.push_back({b.side, b.device, b.buffer, static_cast<int>(b.slot), b.address, b.bytes, static_cast<int>(b.kind)});
-  return {{"rank", w.rank}, {"address", binary(w.address)}, {"regions", regions}, {"buffers", buffers}};
+  return {{"rank", w.rank}, {"address", binary(w.address)}, {"regions", regions}, {"buffers", buffers}, {"machine", w.machine}};
 }
 
 PeerInfo peer_of(const json& w) {
@@ -27,6 +27,7 @@ PeerInfo peer_of(const json& w) {
   for (const json& b : w["buffers"])
     out.buffers.push_back({b[0].get<std::uint32_t>(), b[1].get<DeviceId>(), b[2].get<TensorId>(), static_cast<Slot>(b[3].get<int>()),
                            b[4].get<std::uint64_t>(), b[5].get<std::uint64_t>(), static_cast<MemoryKind>(b[6].get<int>())});
+  out.machine = w.value("machine", "");
   return out;
 }
 

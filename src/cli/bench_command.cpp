@@ -21,7 +21,7 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--transport", c->transport, "local | ucx (one-sided gets) | ucx-tag (tagged send/recv) | auto (per link: local copies inside a process, UCX gets "
                  "across; with --memory cuda, CUDA IPC gets across) | cuda (units in GPU memory: copies, CUDA IPC gets across "
                  "processes) | nccl (units in GPU memory; every link between processes, or in one process every link, an NCCL message "
-                 "in grouped rounds)")
+                 "in grouped rounds); default local, with --daemons ucx")
       ->check(CLI::IsMember({"local", "ucx", "ucx-tag", "auto", "cuda", "nccl"}));
   t->add_option("--memory", c->memory, "host | cuda: where the units live (GPU d mod the GPUs present); default host")
       ->check(CLI::IsMember({"host", "cuda"}));
@@ -58,7 +58,8 @@ void add_bench_command(CLI::App& app, const std::vector<std::string>& argv) {
   t->add_option("--control-fd", c->control_fd)->group("");
   t->add_option("--inject-kill-worker", c->kill_worker)->group("");
   t->add_option("--inject-kill-node", c->kill_node)->group("");
-  t->callback([c, &argv] {
+  t->callback([c, t, &argv] {
+    if (!c->daemons.empty() && t->get_option("--transport")->count() == 0) c->transport = "ucx";  // nodes are processes
     c->two_sided = c->transport == "ucx-tag";
     c->nccl = c->transport == "nccl" || c->across == "nccl";
     c->cuda = c->transport == "cuda" || c->transport == "nccl" || c->memory == "cuda";

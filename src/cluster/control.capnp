@@ -168,6 +168,12 @@ struct TransitionSpec {
   timeoutSeconds @13 :Float64;
   killNode @14 :Int32;      # fault injection: this node's daemon dies 3 ms into the first run; -1: none
   timings @15 :Bool;        # the report carries the last run's transfers on the coordinator's clock
+  # How the nodes move it (ReshardSpec): host memory by UCX gets unless these say otherwise.
+  twoSided @16 :Bool;       # links between nodes as UCX tagged messages
+  rounds @17 :Bool;         # two-sided links in rounds
+  cuda @18 :Bool;           # units in GPU memory
+  ipc @19 :Bool;            # CUDA IPC between nodes on one machine
+  nccl @20 :Bool;           # NCCL between nodes (with ipc: between machines)
 }
 
 struct Prepare {
@@ -197,6 +203,7 @@ struct PeerInfo {
   address @1 :Data;
   regions @2 :List(Region);
   buffers @3 :List(SourceBuffer);
+  machine @4 :Text;         # the machine as CUDA IPC sees it; empty with host memory
 }
 
 struct RunDone {

@@ -129,6 +129,7 @@ PeerInfo peer_of(w::PeerInfo::Reader p) {
   for (auto r : regions)
     out.regions.push_back({static_cast<DeviceId>(r.getDevice()), blob_of(r.getKey(), "remote key"), r.getBase(), r.getSize()});
   out.buffers = buffers_of(p.getBuffers());
+  out.machine = text_of(p.getMachine(), "machine");
   return out;
 }
 
@@ -143,6 +144,7 @@ void put_peer(w::PeerInfo::Builder o, const PeerInfo& p) {
     regions[i].setSize(p.regions[i].size);
   }
   put_buffers(o.initBuffers(static_cast<unsigned>(p.buffers.size())), p.buffers);
+  o.setMachine(p.machine);
 }
 
 TransitionSpec spec_of(w::TransitionSpec::Reader t) {
@@ -163,6 +165,11 @@ TransitionSpec spec_of(w::TransitionSpec::Reader t) {
   s.timeout_seconds = t.getTimeoutSeconds();
   s.kill_node = t.getKillNode();
   s.timings = t.getTimings();
+  s.two_sided = t.getTwoSided();
+  s.rounds = t.getRounds();
+  s.cuda = t.getCuda();
+  s.ipc = t.getIpc();
+  s.nccl = t.getNccl();
   return s;
 }
 
@@ -183,6 +190,11 @@ void put_spec(w::TransitionSpec::Builder o, const TransitionSpec& s) {
   o.setTimeoutSeconds(s.timeout_seconds);
   o.setKillNode(s.kill_node);
   o.setTimings(s.timings);
+  o.setTwoSided(s.two_sided);
+  o.setRounds(s.rounds);
+  o.setCuda(s.cuda);
+  o.setIpc(s.ipc);
+  o.setNccl(s.nccl);
 }
 
 Body body_of(w::Envelope::Body::Reader e) {

@@ -72,11 +72,16 @@ asio::awaitable<NodePart::Answer> NodeTransition::answer(Channel& ch, const Enve
   Body reply;
   {
     if (auto* p = std::get_if<Prepare>(&m.body)) {
-      s.prepare(*p);
-      Participant* part = s.part.get();
-      auto fill = [part] { part->fill(); return 0; };
-      co_await s.offload(fill);  // gigabytes: off the event loop
-      reply = Ready{part->publish()};
+      try {
+        s.prepare(*p);
+        Participant* part = s.part.get();
+        auto fill = [part] { part->fill(); return 0; };
+        co_await s.offload(fill);  // gigabytes: off the event loop
+        reply = Ready{part->publish()};
+      } catch (...) {
+        s.reset();  // nothing half made stays (a node without the GPU the units need): answered as failed
+        throw;
+      }
     } else if (!s.part) {  // nothing prepared (it failed, or the session is new)
       if (std::holds_alternative<Abort>(m.body)) reply = Aborted{false};
       else if (std::holds_alternative<Verify>(m.body)) reply = Failed{"no transition on node " + std::to_string(s.rank)};

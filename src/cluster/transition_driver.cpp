@@ -126,6 +126,9 @@ class Driver {
     json out;
     const auto deadline = [&] { return clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(spec_.timeout_seconds)); };
     const auto ready = co_await gather<Ready>("ready", deadline());
+    // Nodes that share a machine (as CUDA IPC sees it) get the same index.
+    std::map<std::string, int> index;
+    for (const auto& [r, m] : ready) machine_[r] = index.emplace(m.info.machine, static_cast<int>(index.size())).first->second;
     if (error_.empty()) {
       Peers peers;
       for (const auto& [r, m] : ready) peers.all.push_back(m.info);
@@ -171,6 +174,9 @@ class Driver {
       out["verified"] = nullptr;
       out["links"] = link_stats;
       out["transports"] = transport_stats;
+      json machines = json::object();
+      for (const auto& [r, m] : machine_) machines[std::to_string(r)] = m;
+      out["machines"] = machines;
       if (spec_.timings) out["timings"] = timings;
       if (spec_.verify) {
         const Body verify = Verify{false};
@@ -267,13 +273,17 @@ class Driver {
     return out;
   }
 
-  /// The last run's bytes and GB/s per transport: "local copy" inside a device, "local"
-  /// between a node's devices, "ucx" between nodes.
+  /// The last run's bytes and GB/s per transport, named as the bench names them
+  /// (TransportNames): a node is a process, on the machine its ready message named.
   json transports(const std::map<int, RunDone>& done) const {
+    const TransportNames names = transport_names(config_of(spec_));
+    const auto machine = [this](int node) { return machine_.contains(node) ? machine_.at(node) : 0; };
     std::map<std::string, LinkSpan> spans;
     for (const auto& [rank, d] : done)
-      for (const Timing& t : d.timings)
-        spans[t.src == t.dst ? "local copy" : t.src / per_node_ == t.dst / per_node_ ? "local" : "ucx"].add(t);
+      for (const Timing& t : d.timings) {
+        const int a = static_cast<int>(t.src) / per_node_, b = static_cast<int>(t.dst) / per_node_;
+        spans[names(t.src == t.dst, a == b, machine(a) == machine(b))].add(t);
+      }
     json out = json::object();
     for (const auto& [name, s] : spans) out[name] = {{"bytes", s.bytes}, {"gbps", s.gbps()}};
     return out;
@@ -281,6 +291,7 @@ class Driver {
 
   const TransitionSpec& spec_;
   int per_node_;
+  std::map<int, int> machine_;  // node rank → machine index, from the ready messages
   Inbox inbox_;
   AsyncScope pumps_;
   std::vector<Link> links_;

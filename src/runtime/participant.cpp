@@ -23,6 +23,15 @@ UcxOptions ucx_options(const ReshardSpec& c) {
 
 }  // namespace
 
+TransportNames transport_names(const ReshardSpec& c) {
+  TransportNames n;
+  n.local = c.cuda ? "cuda" : "local";
+  n.remote = c.ipc ? "cuda-ipc" : c.nccl ? "nccl" : c.two_sided ? "ucx-tag" : "ucx";
+  // With IPC, the mixed transport's second route; GPU memory over UCX goes as staged messages.
+  n.across = c.ipc ? (c.nccl ? "nccl" : "ucx-tag") : n.remote;
+  return n;
+}
+
 Participant::Participant(asio::io_context& io, const ReshardSpec& c, const PreparedReshard& p, std::vector<DeviceId> mine,
                          PeerId self, std::function<PeerId(DeviceId)> owner)
     : io_(io),
@@ -62,6 +71,10 @@ PeerInfo Participant::publish() {
   PeerInfo info;
   info.rank = self_;
   info.address = remote().address();
+  if (cuda_) {
+    const std::vector<std::byte> id = cuda_->address();  // the machine CUDA IPC reaches
+    info.machine.assign(reinterpret_cast<const char*>(id.data()), id.size());
+  }
   const Capabilities can = remote().capabilities();
   const auto& kinds = can.memory;
   for (auto& [d, dev] : store_.devices()) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <type_traits>
@@ -150,6 +151,33 @@ void commit_pages(std::byte* p, std::size_t n) {
   for (std::size_t off = 0; off < n; off += page) p[off] = std::byte{0};  // older kernels
 }
 
+/// Runs work(k) for k = 0 here and 1..threads-1 on threads of their own, then rethrows
+/// the first exception once every thread has ended (a device without memory, a failed
+/// upload): an exception must neither leave a thread joinable nor escape one.
+template <class F>
+void on_threads(unsigned threads, F work) {
+  std::mutex m;
+  std::exception_ptr first;
+  auto guarded = [&](unsigned k) {
+    try {
+      work(k);
+    } catch (...) {
+      const std::lock_guard lock(m);
+      if (!first) first = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(guarded, k);
+  } catch (...) {  // no thread to be had: the ones started still run to their end
+    for (auto& t : pool) t.join();
+    throw;
+  }
+  guarded(0);
+  for (auto& t : pool) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
 }  // namespace
 
 void UnitStore::allocate_and_fill(unsigned threads) {
@@ -196,10 +224,7 @@ void UnitStore::allocate_and_fill(unsigned threads) {
       }
     }
   };
-  std::vector<std::thread> pool;
-  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  on_threads(threads, [&](unsigned) { work(); });
 }
 
 const std::byte* UnitStore::address(const BufferSpec& b) const {
@@ -224,10 +249,7 @@ FillCheck UnitStore::verify(const std::vector<BufferSpec>& bufs, unsigned thread
     for (std::size_t i = next++; i < bufs.size(); i = next++)
       res.merge(on_host(bufs[i], [&](const std::byte* at) { return check_buffer(m, bufs[i], at); }));
   };
-  std::vector<std::thread> pool;
-  for (unsigned k = 1; k < results.size(); ++k) pool.emplace_back(work, std::ref(results[k]));
-  work(results[0]);
-  for (auto& t : pool) t.join();
+  on_threads(static_cast<unsigned>(results.size()), [&](unsigned k) { work(results[k]); });
   FillCheck all;
   for (const auto& r : results) all.merge(r);
   return all;

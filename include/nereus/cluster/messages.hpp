@@ -90,6 +90,9 @@ struct TransitionSpec {
   double timeout_seconds = 300;
   std::int32_t kill_node = -1;
   bool timings = false;  ///< the report carries the last run's transfers (--perfetto, --plot)
+  /// How the nodes move it, as ReshardSpec's flags of the same names: by default host
+  /// memory and UCX gets between nodes.
+  bool two_sided = false, rounds = false, cuda = false, ipc = false, nccl = false;
 };
 struct TransitionResult {
   std::string json;  ///< the bench's report

@@ -67,6 +67,21 @@ struct ReshardSpec {
   std::string machine;
 };
 
+/// What a report calls the way each transfer moved, by the rule the participants bind
+/// with (ReshardSpec's flags): the keys of the benches' and the daemons' `transports`.
+struct TransportNames {
+  std::string local = "local";  ///< between devices of one process: local | cuda
+  std::string remote = "ucx";   ///< between processes: ucx | ucx-tag | nccl | cuda-ipc
+  std::string across = "ucx";   ///< between machines, where CUDA IPC does not reach
+  /// "local copy" inside a device, else by who owns the two ends.
+  std::string operator()(bool same_device, bool same_process, bool same_machine) const {
+    if (same_device) return "local copy";
+    if (same_process) return local;
+    return same_machine ? remote : across;
+  }
+};
+TransportNames transport_names(const ReshardSpec& c);
+
 /// The reshard to run, planned the same way in every process.
 struct PreparedReshard {
   std::shared_ptr<const ModelSpec> model;

@@ -4,6 +4,7 @@
 // UCX worker address, the remote keys of its device arenas, and where its source buffers
 // live, so that peers can pull from them.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "nereus/core/emu.hpp"
@@ -31,6 +32,10 @@ struct PeerInfo {
     MemoryKind kind = MemoryKind::host;  ///< the memory it lives in (what can move it)
   };
   std::vector<Buffer> buffers;
+  /// This process's machine as CUDA IPC sees it (boot id, plus an emulated machine's
+  /// name): processes with the same one reach each other's GPU memory by IPC. Empty when
+  /// the units are in host memory.
+  std::string machine;
 };
 
 }  // namespace nereus
