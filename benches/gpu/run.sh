@@ -16,7 +16,17 @@
 #    machine's own, PyTorch's say: the pack carries none. Across two processes only with two
 #    or more GPUs: NCCL refuses two ranks on one GPU.)
 # rc 77: no CUDA device was found.
+# The whole script keeps within NEREUS_GPU_BUDGET seconds (default 480, under a lent machine's
+# 10-minute call): each step gets at most what is left, and prints its result to stderr as
+# it ends ("step NAME: ..."), so a call cut short still shows what finished.
 set -uo pipefail
+deadline=$((SECONDS + ${NEREUS_GPU_BUDGET:-480}))
+limit() {  # limit MAX: seconds a step may take, what is left of the budget at most (5 at least)
+  local left=$((deadline - SECONDS))
+  [ "$left" -lt 5 ] && left=5
+  echo $(($1 < left ? $1 : left))
+}
+step() { echo "step $1: ${2:0:400}" >&2; }
 here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR="$here/lib" UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
@@ -28,27 +38,34 @@ if [ -z "${NEREUS_NCCL_LIBRARY:-}" ]; then
   done
 fi
 suite_log=$(mktemp)
-timeout 300 "$here/test-gpu" > "$suite_log" 2>&1
+timeout "$(limit 240)" "$here/test-gpu" > "$suite_log" 2>&1
 suite_rc=$?
-bench_json=$(timeout 300 "$here/gpu_bench" "$@" 2>/dev/null | tail -1)
+step suite "rc $suite_rc"
+bench_json=$(timeout "$(limit 180)" "$here/gpu_bench" "$@" 2>/dev/null | tail -1)
 [ -n "$bench_json" ] || bench_json='{"error": "gpu_bench printed nothing"}'
+step bench "$bench_json"
 # The same reshard through the product's bench: in one process, and across two (IPC).
 reshard=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport cuda --verify
          --repeat 5 --json --quiet)
-one_json=$(timeout 120 "$here/nereus" "${reshard[@]}" 2>&1 | tail -1)
-two_json=$(timeout 120 "$here/nereus" "${reshard[@]}" --procs 2 2>&1 | tail -1)
+one_json=$(timeout "$(limit 90)" "$here/nereus" "${reshard[@]}" 2>&1 | tail -1)
+step one_json "$one_json"
+two_json=$(timeout "$(limit 90)" "$here/nereus" "${reshard[@]}" --procs 2 2>&1 | tail -1)
+step two_json "$two_json"
 staged=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --memory cuda --transport ucx-tag
         --procs 2 --verify --repeat 5 --json --quiet)
-staged_json=$(timeout 120 "$here/nereus" "${staged[@]}" 2>&1 | tail -1)
+staged_json=$(timeout "$(limit 90)" "$here/nereus" "${staged[@]}" 2>&1 | tail -1)
+step staged_json "$staged_json"
 nccl=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport nccl --verify --repeat 5
       --json --quiet)
-nccl_one=$(timeout 120 "$here/nereus" "${nccl[@]}" 2>&1 | tail -1)
+nccl_one=$(timeout "$(limit 90)" "$here/nereus" "${nccl[@]}" 2>&1 | tail -1)
+step nccl_one "$nccl_one"
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [ "$gpus" -ge 2 ]; then nccl_two=$(timeout 120 "$here/nereus" "${nccl[@]}" --procs 2 2>&1 | tail -1)
+if [ "$gpus" -ge 2 ]; then nccl_two=$(timeout "$(limit 90)" "$here/nereus" "${nccl[@]}" --procs 2 2>&1 | tail -1)
 else nccl_two="{\"not_measured\": \"$gpus GPU(s): NCCL refuses two ranks on one GPU\"}"; fi
 mixed=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --memory cuda --transport auto
        --procs 4 --nodes 2 --verify --repeat 5 --json --quiet)
-mixed_json=$(timeout 120 "$here/nereus" "${mixed[@]}" 2>&1 | tail -1)
+mixed_json=$(timeout "$(limit 90)" "$here/nereus" "${mixed[@]}" 2>&1 | tail -1)
+step mixed_json "$mixed_json"
 # Across two daemons on this machine, two GPU devices each (logical devices on the GPUs present).
 work=$(mktemp -d)
 printf 'gpu-pack-%s-%s' "$$" "$RANDOM" > "$work/token"
@@ -64,8 +81,10 @@ for _ in $(seq 40); do
 done
 on_daemons=(bench transition --daemons 127.0.0.1:$port --token-file "$work/token" --model llama-3.2-1b --from tp=4,pp=1,dp=1
             --to tp=2,pp=1,dp=2 --capacity 4GiB --verify --repeat 5 --json --quiet)
-daemons_ipc=$(timeout 120 "$here/nereus" "${on_daemons[@]}" --transport cuda 2>&1 | tail -1)
-daemons_staged=$(timeout 120 "$here/nereus" "${on_daemons[@]}" --memory cuda --transport ucx-tag 2>&1 | tail -1)
+daemons_ipc=$(timeout "$(limit 90)" "$here/nereus" "${on_daemons[@]}" --transport cuda 2>&1 | tail -1)
+step daemons_ipc "$daemons_ipc"
+daemons_staged=$(timeout "$(limit 90)" "$here/nereus" "${on_daemons[@]}" --memory cuda --transport ucx-tag 2>&1 | tail -1)
+step daemons_staged "$daemons_staged"
 kill "$d0" "$d1" 2>/dev/null
 wait "$d0" "$d1" 2>/dev/null
 [ -n "$daemons_ipc" ] || daemons_ipc="{\"error\": \"no report; daemon logs: $(tail -c 300 "$work/d0.log" | tr -d '"\n')\"}"
