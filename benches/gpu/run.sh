@@ -10,6 +10,8 @@
 #    "nccl": {"library": path, "one_process": {...}, "two_processes": {...} or why not},
 #    "daemons": {"ipc": {...}, "staged_ucx_tag": {...}},   (the same reshard across two nereusd
 #    on this machine: CUDA IPC between the daemons, then UCX tagged messages staged through host memory)
+#    "python": {...},   (torch_units.py: the Python module over a job in GPU memory, the
+#    machine's torch computing on the units through DLPack, round trips bit for bit)
 #    "mixed": {...}}   (4 processes as 2 emulated machines: CUDA IPC inside each, UCX tagged
 #    messages staged through host memory across, in one transition; `transports` has both)
 #    (every link an NCCL message in grouped rounds; NCCL comes from NEREUS_NCCL_LIBRARY or the
@@ -28,7 +30,8 @@ limit() {  # limit MAX: seconds a step may take, what is left of the budget at m
 }
 step() { echo "step $1: ${2:0:400}" >&2; }
 here=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+machine_libs=${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH="$here/lib:$here/lib/cxx${machine_libs:+:$machine_libs}"
 export UCX_MODULE_DIR="$here/lib" UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 # NCCL: the machine's own (the pack carries none), found before anything uses it.
 if [ -z "${NEREUS_NCCL_LIBRARY:-}" ]; then
@@ -89,7 +92,18 @@ kill "$d0" "$d1" 2>/dev/null
 wait "$d0" "$d1" 2>/dev/null
 [ -n "$daemons_ipc" ] || daemons_ipc="{\"error\": \"no report; daemon logs: $(tail -c 300 "$work/d0.log" | tr -d '"\n')\"}"
 rm -rf "$work"
-python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" <<'PY'
+# The Python module (built for Python 3.12) over a job in GPU memory, computed on by this
+# machine's torch (torch_units.py). First with the machine's own C++ runtime (its torch may
+# need a newer one than ours), then with ours if that one is too old for the module.
+if [ -d "$here/python" ]; then
+  py_run() { PYTHONPATH="$here/python" LD_LIBRARY_PATH="$1" timeout "$(limit 120)" python3 "$here/torch_units.py" 2>&1 | tail -1; }
+  py_json=$(py_run "$here/lib${machine_libs:+:$machine_libs}")
+  case "$py_json" in *GLIBCXX*|*CXXABI*) py_json=$(py_run "$LD_LIBRARY_PATH") ;; esac
+else
+  py_json='{"not_packed": "no Python 3.12 where the pack was built"}'
+fi
+step python "$py_json"
+python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" <<'PY'
 import json, sys
 rc, log = int(sys.argv[1]), open(sys.argv[2]).read()
 def parsed(text):
@@ -104,7 +118,8 @@ if one.get("gbps") and two.get("gbps"):
 nccl = {"library": sys.argv[9], "one_process": nccl_one, "two_processes": nccl_two}
 mixed = parsed(sys.argv[10])
 daemons = {"ipc": parsed(sys.argv[11]), "staged_ucx_tag": parsed(sys.argv[12])}
+python = parsed(sys.argv[13])
 print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl,
-                  "mixed": mixed, "daemons": daemons}))
+                  "mixed": mixed, "daemons": daemons, "python": python}))
 PY
 rm -f "$suite_log"

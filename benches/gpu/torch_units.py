@@ -1,0 +1,111 @@
+"""On a GPU machine (benches/gpu/run.sh, from the pack): the Python module over an embedded
+job in GPU memory (`memory="cuda"`), computed on by that machine's own torch. Prints one
+JSON line ("ok" true when every check held): where the shards live, the verification fill, and a round trip of torch-written
+training state through transitions, compared bit for bit on the GPU.
+
+The same checks as tests/test_python.py's on host memory (zero copy, round trip); only the
+device differs, which is what this run is for: the torch side of DLPack export of CUDA units
+runs nowhere else."""
+import json
+import sys
+import time
+
+JOB = "ppo-tiny"
+BASE = {
+    "actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
+    "actor/infer": "tp=2,pp=1,dp=1,devices=0-1",
+    "critic/infer": "tp=2,pp=1,dp=1,devices=2-3",
+    "reference/infer": "tp=2,pp=1,dp=1,devices=0-1",
+    "reward/infer": "tp=2,pp=1,dp=1,devices=2-3",
+    "actor/train": "tp=4,pp=1,dp=1,devices=0-3",
+    "critic/train": "tp=4,pp=1,dp=1,devices=4-7",
+}
+
+
+def plan(**changes):
+    p = dict(BASE)
+    p.update({k.replace("__", "/"): v for k, v in changes.items()})
+    return p
+
+
+TARGETS = [plan(actor__train="tp=2,pp=1,dp=2,devices=4-7", critic__train="tp=4,pp=1,dp=1,devices=0-3"),
+           BASE,
+           plan(actor__train="tp=2,pp=2,dp=1,devices=4-7", critic__train="tp=4,pp=1,dp=1,devices=0-3")]
+
+
+def main(memory):
+    import torch
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "memory": memory}
+    gpu = memory == "cuda"
+    if gpu and not torch.cuda.is_available():
+        out["skipped"] = "no CUDA device"
+        return out
+    import nereus
+    gpus = torch.cuda.device_count() if gpu else 1
+    device = "cuda" if gpu else "cpu"
+    out["gpus"] = gpus
+    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    job = nereus.Job(JOB, BASE, devices=8, capacity="256MiB", memory=memory, fill=True)
+    out["fill_verified"] = job.verify()["ok"]
+
+    # Zero copy: each shard a tensor on its device's GPU (kDLCUDA = 2; on host kDLCPU = 1,
+    # device 0), over the unit's own memory.
+    def placed(s):
+        t = s.data
+        where = (2, s.device % gpus) if gpu else (1, 0)
+        return (s.__dlpack_device__() == where and t.is_cuda == gpu and (not gpu or t.device.index == where[1])
+                and t.data_ptr() == s.data_ptr and t.dtype == dtypes[s.dtype])
+
+    shards = job.units("actor/train")[0].shards(slot=None)
+    out["shards_placed"] = all(placed(s) for s in shards)
+
+    # Torch writes random full tensors into the units on the GPU; transitions move them;
+    # every shard is compared with its box of the full tensor, bit for bit, on the GPU.
+    g = torch.Generator().manual_seed(7)
+    shape, dtype = {}, {}
+    for u in job.units("actor/train"):
+        for s in u.shards(slot=None):
+            key, his = (s.tensor, s.slot), [hi for lo, hi in s.box]
+            shape[key] = [max(a, b) for a, b in zip(shape[key], his)] if key in shape else his
+            dtype[key] = dtypes[s.dtype]
+    full = {k: torch.randn(shape[k], generator=g).to(dtype[k]).to(device) for k in shape}
+
+    def index(s):
+        return tuple(slice(lo, hi) for lo, hi in s.box)
+
+    def mismatches():
+        bad = 0
+        for u in job.units("actor/train"):
+            for s in u.shards(slot=None):
+                got, want = s.data, full[(s.tensor, s.slot)][index(s)].contiguous()
+                view = torch.int16 if got.element_size() == 2 else torch.int32
+                bad += not torch.equal(got.view(view), want.view(view))
+        return bad
+
+    for u in job.units("actor/train"):
+        for s in u.shards(slot=None):
+            s.data.copy_(full[(s.tensor, s.slot)][index(s)])
+    if gpu:
+        torch.cuda.synchronize()
+    rounds = []
+    before = mismatches()
+    for target in TARGETS:
+        t0 = time.perf_counter()
+        report = job.transition(target)
+        rounds.append({"completed": report["completed"], "seconds": time.perf_counter() - t0,
+                       "moved_bytes": report.get("moved_bytes"), "mismatches": mismatches(),
+                       "plan_is_target": job.plan["actor/train"] == target["actor/train"]})
+    out["round_trip"] = {"mismatches_before": before, "transitions": rounds}
+    out["ok"] = (out["fill_verified"] and out["shards_placed"] and before == 0 and
+                 all(r["completed"] and r["mismatches"] == 0 and r["plan_is_target"] for r in rounds))
+    return out
+
+
+if __name__ == "__main__":
+    # --host: the same checks on host memory, so that this script is tested where no GPU is.
+    try:
+        result = main("host" if "--host" in sys.argv[1:] else "cuda")
+    except Exception as e:  # one JSON line whatever happens: run.sh embeds it
+        result = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(result))
+    sys.exit(0 if result.get("ok") or "skipped" in result else 1)
