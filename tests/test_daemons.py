@@ -541,6 +541,15 @@ try:
                        (["--coordinator-mode", "--nodes", "2", "--listen", "nohost"], "HOST:PORT")]:
         r = subprocess.run([NEREUSD, "--token-file", TOKEN, *args], capture_output=True, text=True, timeout=30)
         check(r.returncode != 0 and want in r.stderr, f"nereusd {' '.join(args)}: clear error ({r.stderr.strip()[-200:]})")
+    # GPU memory for the node's devices: without a GPU here, one error naming the device.
+    try:
+        r = subprocess.run([NEREUSD, "--token-file", TOKEN, "--coordinator-mode", "--nodes", "1", "--listen", "127.0.0.1:0",
+                            "--devices", "cuda:2:64MiB"], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:  # a GPU is here: the daemon started and serves
+        r = None
+    if r is not None:
+        check(r.returncode == 1 and re.search(r"device 0: .*(CUDA|cuda)", r.stderr) is not None and len(r.stderr.strip().splitlines()) == 1,
+              f"nereusd --devices cuda:2 without a GPU: one error naming device 0 ({r.stderr.strip()[-200:]})")
     loose = token_file("loose", "a-token-anyone-can-read-here")
     os.chmod(loose, 0o644)
     r = subprocess.run([NEREUSD, "--token-file", loose, "--coordinator-mode", "--nodes", "1", "--listen", "127.0.0.1:0"],

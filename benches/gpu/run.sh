@@ -8,8 +8,9 @@
 #    "staged_ucx_tag": {...},   (GPU memory across two processes over UCX tagged messages,
 #    staged through page-locked host memory: the path between machines without CUDA-aware UCX)
 #    "nccl": {"library": path, "one_process": {...}, "two_processes": {...} or why not},
-#    "daemons": {"ipc": {...}, "staged_ucx_tag": {...}},   (the same reshard across two nereusd
-#    on this machine: CUDA IPC between the daemons, then UCX tagged messages staged through host memory)
+#    "daemons": {"ipc": {...}, "staged_ucx_tag": {...}, "job": {...}},   (the same reshard across two
+#    nereusd on this machine: CUDA IPC between the daemons, then UCX tagged messages staged through
+#    host memory; and `cluster job` with the daemons' devices in GPU memory, --devices cuda:4)
 #    "python": {...},   (torch_units.py: the Python module over a job in GPU memory, the
 #    machine's torch computing on the units through DLPack, round trips bit for bit)
 #    "mixed": {...}}   (4 processes as 2 emulated machines: CUDA IPC inside each, UCX tagged
@@ -69,28 +70,46 @@ mixed=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=
        --procs 4 --nodes 2 --verify --repeat 5 --json --quiet)
 mixed_json=$(timeout "$(limit 90)" "$here/nereus" "${mixed[@]}" 2>&1 | tail -1)
 step mixed_json "$mixed_json"
-# Across two daemons on this machine, two GPU devices each (logical devices on the GPUs present).
+# Two daemons on this machine (logical devices on the GPUs present): start_daemons DEVICES
+# starts them with --devices DEVICES and waits until both are alive; stop_daemons ends them.
 work=$(mktemp -d)
 printf 'gpu-pack-%s-%s' "$$" "$RANDOM" > "$work/token"
 chmod 600 "$work/token"
-port=$((20000 + RANDOM % 20000))
-"$here/nereusd" --token-file "$work/token" --coordinator-mode --nodes 2 --listen 127.0.0.1:$port --devices host:2 > "$work/d0.log" 2>&1 &
-d0=$!
-"$here/nereusd" --token-file "$work/token" --coordinator 127.0.0.1:$port --node-rank 1 --nodes 2 --devices host:2 > "$work/d1.log" 2>&1 &
-d1=$!
-for _ in $(seq 40); do
-  "$here/nereus" cluster status --coordinator 127.0.0.1:$port --token-file "$work/token" --json 2>/dev/null | grep -q '"alive": *2' && break
-  sleep 0.5
-done
+start_daemons() {
+  port=$((20000 + RANDOM % 20000))
+  "$here/nereusd" --token-file "$work/token" --coordinator-mode --nodes 2 --listen 127.0.0.1:$port --devices "$1" > "$work/d0.log" 2>&1 &
+  d0=$!
+  "$here/nereusd" --token-file "$work/token" --coordinator 127.0.0.1:$port --node-rank 1 --nodes 2 --devices "$1" > "$work/d1.log" 2>&1 &
+  d1=$!
+  for _ in $(seq 40); do
+    kill -0 "$d0" 2>/dev/null && kill -0 "$d1" 2>/dev/null || break  # one failed to start: its log says why
+    "$here/nereus" cluster status --coordinator 127.0.0.1:$port --token-file "$work/token" --json 2>/dev/null | grep -q '"alive": *2' && break
+    sleep 0.5
+  done
+}
+stop_daemons() {
+  kill "$d0" "$d1" 2>/dev/null
+  wait "$d0" "$d1" 2>/dev/null
+}
+daemon_logs() { tail -c 300 "$work/d0.log" "$work/d1.log" | tr -d '"\n'; }
+# A transition across them: CUDA IPC between the daemons, then staged tagged messages.
+start_daemons host:2
 on_daemons=(bench transition --daemons 127.0.0.1:$port --token-file "$work/token" --model llama-3.2-1b --from tp=4,pp=1,dp=1
             --to tp=2,pp=1,dp=2 --capacity 4GiB --verify --repeat 5 --json --quiet)
 daemons_ipc=$(timeout "$(limit 90)" "$here/nereus" "${on_daemons[@]}" --transport cuda 2>&1 | tail -1)
 step daemons_ipc "$daemons_ipc"
 daemons_staged=$(timeout "$(limit 90)" "$here/nereus" "${on_daemons[@]}" --memory cuda --transport ucx-tag 2>&1 | tail -1)
 step daemons_staged "$daemons_staged"
-kill "$d0" "$d1" 2>/dev/null
-wait "$d0" "$d1" 2>/dev/null
-[ -n "$daemons_ipc" ] || daemons_ipc="{\"error\": \"no report; daemon logs: $(tail -c 300 "$work/d0.log" | tr -d '"\n')\"}"
+stop_daemons
+[ -n "$daemons_ipc" ] || daemons_ipc="{\"error\": \"no report; daemon logs: $(daemon_logs)\"}"
+# A job whose units live in the daemons' GPU memory (--devices cuda:4): loaded, filled,
+# changed plan by the controller (CUDA copies, CUDA IPC between the daemons), verified.
+start_daemons cuda:4:2GiB
+daemons_job=$(timeout "$(limit 90)" "$here/nereus" cluster job --coordinator 127.0.0.1:$port --token-file "$work/token" --job ppo-tiny \
+              --response-len 128 --response-len-after 2048 --json 2>&1 | tail -1)
+step daemons_job "$daemons_job"
+stop_daemons
+case "$daemons_job" in \{*) ;; *) daemons_job="{\"error\": \"$(echo "$daemons_job" | tr -d '"\n'); daemon logs: $(daemon_logs)\"}" ;; esac
 rm -rf "$work"
 # The Python module (built for Python 3.12) over a job in GPU memory, computed on by this
 # machine's torch (torch_units.py). First with the machine's own C++ runtime (its torch may
@@ -103,7 +122,7 @@ else
   py_json='{"not_packed": "no Python 3.12 where the pack was built"}'
 fi
 step python "$py_json"
-python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" <<'PY'
+python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" "$daemons_job" <<'PY'
 import json, sys
 rc, log = int(sys.argv[1]), open(sys.argv[2]).read()
 def parsed(text):
@@ -117,7 +136,7 @@ if one.get("gbps") and two.get("gbps"):
     ipc["ratio"] = two["gbps"] / one["gbps"]
 nccl = {"library": sys.argv[9], "one_process": nccl_one, "two_processes": nccl_two}
 mixed = parsed(sys.argv[10])
-daemons = {"ipc": parsed(sys.argv[11]), "staged_ucx_tag": parsed(sys.argv[12])}
+daemons = {"ipc": parsed(sys.argv[11]), "staged_ucx_tag": parsed(sys.argv[12]), "job": parsed(sys.argv[14])}
 python = parsed(sys.argv[13])
 print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl,
                   "mixed": mixed, "daemons": daemons, "python": python}))

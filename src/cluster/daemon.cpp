@@ -22,6 +22,7 @@
 #include "nereus/base/error.hpp"
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/base/device.hpp"
+#include "nereus/transport/cuda.hpp"
 
 namespace nereus::cluster {
 
@@ -70,9 +71,10 @@ struct Daemon::State {
     metrics.node_rank = o.launch.node_rank;
     metrics.coordinator = o.launch.coordinator;
     const auto per_node = static_cast<DeviceId>(o.devices);
+    const int gpus = o.device_kind == MemoryKind::cuda ? std::max(1, cuda_device_count()) : 1;
     for (int i = 0; i < o.devices; ++i)
-      devices.push_back(make_device({MemoryKind::host, static_cast<DeviceId>(o.launch.node_rank) * per_node + static_cast<DeviceId>(i),
-                                     o.device_capacity}));
+      devices.push_back(make_device({o.device_kind, static_cast<DeviceId>(o.launch.node_rank) * per_node + static_cast<DeviceId>(i),
+                                     o.device_capacity, nullptr, i % gpus}));
     if (o.launch.coordinator) members.emplace(o.launch.nodes, o.dead_after);
   }
 

@@ -6,6 +6,7 @@
 #include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/job_service.hpp"
 #include "nereus/cluster/step_host.hpp"
+#include "nereus/base/device.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
 #include "nereus/core/global_plan.hpp"
@@ -13,6 +14,7 @@
 #include "nereus/runtime/async_scope.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/unit_store.hpp"
+#include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/ucx.hpp"
 #include "nccl_bootstrap.hpp"
@@ -62,7 +64,8 @@ struct NodeJob::State {
   bool doomed = false;
   asio::steady_timer doom{io};
   LocalTransport local{{2, 1 << 20}};
-  std::unique_ptr<UcxTransport> ucx;
+  std::unique_ptr<UcxTransport> ucx;     // host devices: between nodes
+  std::unique_ptr<Transport> cuda;       // CUDA devices: copies here, CUDA IPC gets between nodes of one machine
   std::vector<Registration> regs;
   std::map<std::uint32_t, LocalUnit> units;
   std::vector<Executor*> active;
@@ -76,6 +79,11 @@ struct NodeJob::State {
       : io(i), rank(r), devices(d), metrics(m), host(h), adopt(a) {}
 
   std::string me() const { return "node " + std::to_string(rank); }
+
+  /// The daemon's devices are GPU memory (nereusd --devices cuda:N).
+  bool on_gpus() const { return !devices.empty() && devices.front()->kind() == MemoryKind::cuda; }
+  Transport& remote() { return cuda ? *cuda : static_cast<Transport&>(*ucx); }
+  Transport& copies() { return cuda ? *cuda : static_cast<Transport&>(local); }
 
   Device* device(DeviceId d) {
     for (auto& dev : devices)
@@ -96,6 +104,10 @@ struct NodeJob::State {
 
   PeerInfo open(const JobOpen& m) {
     if (job) throw Error(me() + " already holds a job");
+    if (on_gpus()) {  // views handed to a framework, and adopted buffers, are host memory today
+      if (host) throw Error(me() + ": a framework's steps on CUDA devices (--devices cuda:N) are not supported yet");
+      if (!adopt.empty()) throw Error(me() + ": adopt: the framework's memory on CUDA devices (--devices cuda:N) is not supported yet");
+    }
     if (m.devices_per_node < 1) throw Error("devices per node must be positive");
     job = std::make_shared<const JobSpec>(parse_job(m.job, "the job"));
     per = m.devices_per_node;
@@ -105,14 +117,21 @@ struct NodeJob::State {
     if (fault.at == FaultMoment::At::after_open) strike_after(fault.ms);
     detail::check_nccl_id(m.nccl_id);
     nccl_id = m.nccl_id;  // for an NCCL communicator over the job's nodes (no NCCL transport yet)
-    // Without UCX's peer error handling (the default; see UcxOptions): gets go over shared
-    // memory / CMA, and a failed endpoint reaches our error handler.
-    ucx = std::make_unique<UcxTransport>(io);
     PeerInfo info;
     info.rank = static_cast<PeerId>(rank);
-    info.address = ucx->address();
+    if (on_gpus()) {
+      // Between nodes, CUDA IPC gets: only daemons of one machine reach each other.
+      cuda = make_cuda_transport(io);
+      info.address = cuda->address();
+      info.machine.assign(reinterpret_cast<const char*>(info.address.data()), info.address.size());
+    } else {
+      // Without UCX's peer error handling (the default; see UcxOptions): gets go over shared
+      // memory / CMA, and a failed endpoint reaches our error handler.
+      ucx = std::make_unique<UcxTransport>(io);
+      info.address = ucx->address();
+    }
     for (auto& dev : devices) {
-      regs.push_back(ucx->register_memory({dev->arena(), dev->capacity(), dev->id(), MemoryKind::host}));
+      regs.push_back(remote().register_memory({dev->arena(), dev->capacity(), dev->id(), dev->kind()}));
       info.regions.push_back({dev->id(), regs.back().remote_key});
     }
     // The framework's buffers, each a region of its own: peers' gets and puts on them use
@@ -147,12 +166,12 @@ struct NodeJob::State {
   void connect(const Peers& peers) {
     for (const PeerInfo& w : peers.all) {
       if (w.rank == static_cast<PeerId>(rank)) continue;
-      if (Status st = ucx->connect(w.rank, w.address); !st) {
+      if (Status st = remote().connect(w.rank, w.address); !st) {  // dead, or (CUDA IPC) on another machine
         log(LogLevel::warn, "job", "{}: no endpoint to node {}: {}", me(), w.rank, st.message());
         continue;
       }
       for (const auto& reg : w.regions)
-        if (Status st = ucx->add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
+        if (Status st = remote().add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
     }
   }
 
@@ -245,7 +264,7 @@ struct NodeJob::State {
     ExecutorOptions eo;
     eo.self = static_cast<PeerId>(rank);
     const int per_node = per;
-    auto ex = std::make_shared<Executor>(local, ucx.get(), [per_node](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per_node); }, eo);
+    auto ex = std::make_shared<Executor>(copies(), &remote(), [per_node](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per_node); }, eo);
     std::vector<DeviceId> mine;
     for (const BufferSpec& x : target.buffers) mine.push_back(x.key.device);
     const auto transfers = plan.transfers_touching(mine);
@@ -333,10 +352,17 @@ struct NodeJob::State {
   /// from a frozen peer), so the coordinator dropped it and it stays here, unfinished.
   FillCheck verify() const {
     FillCheck all;
+    std::vector<std::byte> copy;  // GPU memory is checked through a host copy
     for (const auto& [id, u] : units)
       if (!u.building)
         for (std::size_t b = 0; b < u.buffers.size(); ++b) {
-        FillCheck one = check_buffer(*u.one.model, u.buffers[b], u.memory[b].data());
+        const std::byte* at = u.memory[b].data();
+        if (u.memory[b].kind() != MemoryKind::host) {
+          copy.resize(u.memory[b].size());
+          copy_to_host(u.memory[b].kind(), copy.data(), at, copy.size());
+          at = copy.data();
+        }
+        FillCheck one = check_buffer(*u.one.model, u.buffers[b], at);
         if (!one.ok) one.first_error = u.one.model_stage + " unit " + std::to_string(id) + ": " + one.first_error;
         all.merge(one);
       }
@@ -367,7 +393,7 @@ NodeJob::~NodeJob() {
 bool NodeJob::open() const { return s_->job != nullptr; }
 
 void NodeJob::quarantine() {
-  if (s_->ucx) s_->ucx->quarantine();
+  if (s_->ucx) s_->ucx->quarantine();  // (CUDA IPC keeps no requests pending on a peer)
 }
 
 asio::awaitable<NodePart::Answer> NodeJob::answer(Channel& ch, const Envelope& m) {
@@ -386,8 +412,18 @@ asio::awaitable<NodePart::Answer> NodeJob::answer(Channel& ch, const Envelope& m
       if (a->fill) {
         LocalUnit* unit = &u;
         auto fill = [unit] {  // never over the framework's memory: its bytes are the unit's
-          for (std::size_t b = 0; b < unit->buffers.size(); ++b)
-            if (!unit->memory[b].borrowed()) fill_buffer(*unit->one.model, unit->buffers[b], unit->memory[b].data());
+          std::vector<std::byte> staging;  // GPU memory is filled through a host copy
+          for (std::size_t b = 0; b < unit->buffers.size(); ++b) {
+            DeviceBuffer& m = unit->memory[b];
+            if (m.borrowed()) continue;
+            if (m.kind() == MemoryKind::host) {
+              fill_buffer(*unit->one.model, unit->buffers[b], m.data());
+              continue;
+            }
+            staging.resize(m.size());
+            fill_buffer(*unit->one.model, unit->buffers[b], staging.data());
+            copy_from_host(m.kind(), m.data(), staging.data(), staging.size());
+          }
           return 0;
         };
         co_await s.offload(fill);  // gigabytes: off the event loop
@@ -437,10 +473,12 @@ asio::awaitable<void> NodeJob::close() {
     co_return;
   }
   s.units.clear();
-  for (const auto& r : s.regs) s.ucx->deregister_memory(r);
+  if (s.ucx || s.cuda)
+    for (const auto& r : s.regs) s.remote().deregister_memory(r);
   s.regs.clear();
-  co_await s.ucx->shutdown();
+  if (s.ucx) co_await s.ucx->shutdown();
   s.ucx.reset();
+  s.cuda.reset();
   s.job.reset();
   s.doom.cancel();
   s.doomed = false;

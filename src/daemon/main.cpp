@@ -23,10 +23,14 @@ struct Args {
   std::uint32_t frame_cap = kDefaultFrameCap;
 };
 
-/// "host:N[:CAPACITY]".
+/// "host:N[:CAPACITY]" or "cuda:N[:CAPACITY]".
 void parse_devices(const std::string& text, DaemonOptions& o) {
-  const auto bad = [&] { return Error("--devices must be host:N[:CAPACITY] (like host:4:2GiB), got '" + text + "'"); };
-  if (text.rfind("host:", 0) != 0) throw bad();
+  const auto bad = [&] {
+    return Error("--devices must be host:N[:CAPACITY] or cuda:N[:CAPACITY] (like host:4:2GiB), got '" + text + "'");
+  };
+  const bool cuda = text.rfind("cuda:", 0) == 0;
+  if (text.rfind("host:", 0) != 0 && !cuda) throw bad();
+  o.device_kind = cuda ? MemoryKind::cuda : MemoryKind::host;
   const std::string rest = text.substr(5);
   const auto colon = rest.find(':');
   const std::string count = rest.substr(0, colon);
@@ -58,9 +62,9 @@ int run(const Args& a) {
   Daemon d(io, o);
   d.bind();
   const std::string node = "node " + std::to_string(o.launch.node_rank);
-  log(LogLevel::info, node, "{} of {} nodes (from {}), listening on {}{}, {} devices of {}", o.launch.coordinator ? "coordinator" : "node",
+  log(LogLevel::info, node, "{} of {} nodes (from {}), listening on {}{}, {} {}devices of {}", o.launch.coordinator ? "coordinator" : "node",
       o.launch.nodes, o.launch.source, d.listening().str(), d.metrics_listening() ? ", metrics on " + d.metrics_listening()->str() : "",
-      o.devices, human_bytes(o.device_capacity));
+      o.devices, o.device_kind == MemoryKind::cuda ? "CUDA " : "", human_bytes(o.device_capacity));
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code ec, int) {
     if (!ec) d.stop();
@@ -99,7 +103,7 @@ int main(int argc, char** argv) {
   app.add_option("--listen", a.launch.listen, "HOST:PORT to serve on (default 127.0.0.1:0; the coordinator needs one)");
   app.add_option("--advertise", a.advertise, "HOST:PORT the other daemons reach this one at, when not --listen's (NAT, a proxy)");
   app.add_option("--token-file", a.token_file, "file with the shared secret (mode 600); else $NEREUS_TOKEN");
-  app.add_option("--devices", a.devices, "host:N[:CAPACITY], the node's devices (default host:1, 1GiB each)");
+  app.add_option("--devices", a.devices, "host:N[:CAPACITY] or cuda:N[:CAPACITY] (device i on GPU i mod the GPUs present), the node's devices (default host:1, 1GiB each)");
   app.add_flag("--coordinator-mode", a.launch.coordinator_mode, "be the coordinator (node 0)");
   app.add_option("--coordinator", a.launch.coordinator, "HOST:PORT of the coordinator");
   app.add_option("--node-rank", a.node_rank, "this node's rank (0..K-1)");

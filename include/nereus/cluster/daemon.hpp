@@ -21,8 +21,11 @@ class StepHost;
 struct DaemonOptions {
   Launch launch;
   std::string token;
-  int devices = 1;                   ///< host devices on this node
+  int devices = 1;                   ///< devices on this node
   std::uint64_t device_capacity = 1ull << 30;
+  /// Where they live: host memory, or GPU memory (device i on GPU i mod the GPUs present;
+  /// a job's units then move by CUDA copies and, between daemons of one machine, CUDA IPC).
+  MemoryKind device_kind = MemoryKind::host;
   std::optional<Endpoint> metrics;   ///< Prometheus endpoint
   std::optional<Endpoint> advertise; ///< where the others reach this daemon (default: where it listens)
   Millis heartbeat_every{250};
