@@ -134,21 +134,34 @@ struct UcxTransport::Impl {
 
   /// Progress loop: busy while operations are in flight, armed fd wait when idle.
   asio::awaitable<void> progress_loop() {
+    auto moved_at = std::chrono::steady_clock::now();
     while (!stopping) {
       if (in_flight > 0) {
         // A get from shared memory copies inside progress (a segment per call), so
         // "progress until nothing moves" could copy gigabytes without letting a timer or
         // a heartbeat in: back to the event loop after a millisecond at most.
         unsigned n = 0;
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+        const auto now = std::chrono::steady_clock::now();
+        const auto until = now + std::chrono::milliseconds(1);
         while (ucp_worker_progress(worker) != 0)
           if (++n, std::chrono::steady_clock::now() >= until) break;
-        // Nothing moved: give the core to whoever does (copy threads, peers on the
-        // same host) before polling again.
+        if (n > 0) moved_at = now;
+        if (n == 0 && now - moved_at >= std::chrono::milliseconds(2)) {
+          // Nothing moved for a while: requests to a peer that died or froze may never
+          // complete (gets UCX cannot cancel, left to a quarantined transport for the
+          // process's life). Polling them flat out would take a core for good, and a
+          // daemon's heartbeats with it; a millisecond's pause costs live transfers little.
+          backoff.expires_after(std::chrono::milliseconds(1));
+          co_await backoff.async_wait(asio::as_tuple(asio::use_awaitable));
+          continue;
+        }
+        // Nothing moved just now: give the core to whoever does (copy threads, peers on
+        // the same host) before polling again.
         if (n == 0) sched_yield();
         co_await asio::post(io, asio::use_awaitable);  // let completions run
         continue;
       }
+      moved_at = std::chrono::steady_clock::now();  // idle: the next request starts a fresh wait
       const ucs_status_t st = ucp_worker_arm(worker);
       if (st == UCS_ERR_BUSY) {
         // Events pending. Progress, then yield to the event loop: never spin without
