@@ -21,6 +21,8 @@
 #include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/membership.hpp"
 #include "nereus/cluster/messages.hpp"
+#include "nereus/cluster/metrics.hpp"
+#include "nereus/cluster/transition_service.hpp"
 #include "run_async.hpp"
 #include "test_util.hpp"
 
@@ -568,4 +570,40 @@ TEST_CASE("membership: join, heartbeats, loss by silence or by end of stream, re
   CHECK(m.lost(2, s2, "gone"));
   m.join({2, 3, "a:3", {}, 14}, t0 + milliseconds(2004));
   CHECK(m.status(t0 + milliseconds(2005)).members.back().clock_rtt_ns == -1);
+}
+
+TEST_CASE("a node's transition: a second prepare is refused and leaves the one it holds intact; a failed one keeps nothing") {
+  namespace a = boost::asio;
+  a::io_context io;
+  tcp::acceptor acc(io, tcp::endpoint(a::ip::make_address("127.0.0.1"), 0));
+  tcp::socket coordinator_end(io);
+  coordinator_end.connect(acc.local_endpoint());
+  Channel node_side(acc.accept()), coordinator(std::move(coordinator_end));
+  Metrics metrics;
+  NodeTransition part(io, 0, 64u << 20, metrics);
+  TransitionSpec spec;
+  spec.model = "tiny-llama";
+  spec.from = "tp=2,pp=1,dp=1";
+  spec.to = "tp=2,pp=1,dp=2";
+  // Sends one request to the node's part and returns its answer.
+  auto ask = [&](std::uint64_t id, Body body) {
+    return testing::run_on(io, [](NodeTransition& p, Channel& in, Channel& out, Envelope e) -> a::awaitable<Body> {
+      REQUIRE(co_await p.handle(in, e));
+      co_return (co_await out.receive(Millis(5000))).body;
+    }(part, node_side, coordinator, Envelope{kProtocolVersion, id, 0, std::move(body)}));
+  };
+  CHECK(std::holds_alternative<Ready>(ask(1, Prepare{spec, 4})));
+  const Body again = ask(2, Prepare{spec, 4});
+  REQUIRE(std::holds_alternative<Failed>(again));
+  CHECK(has(std::get<Failed>(again).error, "already in a transition"));
+  const Body held = ask(3, Verify{true});  // the first one's sources are still there
+  REQUIRE(std::holds_alternative<Verified>(held));
+  CHECK(std::get<Verified>(held).sources_ok);
+  CHECK(std::holds_alternative<Finished>(ask(4, Finish{})));
+  // A prepare that fails (a device cap too small for its units) leaves nothing behind.
+  spec.capacity = "4KiB";
+  CHECK(std::holds_alternative<Failed>(ask(5, Prepare{spec, 4})));
+  const Body none = ask(6, Verify{true});
+  REQUIRE(std::holds_alternative<Failed>(none));
+  CHECK(has(std::get<Failed>(none).error, "no transition on node 0"));
 }

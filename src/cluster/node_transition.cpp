@@ -42,7 +42,6 @@ struct NodeTransition::State {
 
   /// Plans this node's part; throws nereus::Error (answered as failed) on bad requests.
   void prepare(const Prepare& m) {
-    if (part) throw Error("node " + std::to_string(rank) + " is already in a transition");
     if (m.devices_per_node < 1) throw Error("devices per node must be positive");
     config = std::make_unique<ReshardSpec>(config_of(m.spec));
     if (config->capacity.empty()) config->capacity = std::to_string(capacity);
@@ -72,6 +71,8 @@ asio::awaitable<NodePart::Answer> NodeTransition::answer(Channel& ch, const Enve
   Body reply;
   {
     if (auto* p = std::get_if<Prepare>(&m.body)) {
+      // Refused before anything is made: the transition this node holds must not be reset.
+      if (s.part) throw Error("node " + std::to_string(s.rank) + " is already in a transition");
       try {
         s.prepare(*p);
         Participant* part = s.part.get();
