@@ -96,11 +96,11 @@ TEST_CASE("frames: the job messages survive a round trip") {
   const PeerInfo::Buffer buf{3, 5, 17, Slot::exp_avg, 0x7f0000001000, 4096};
   const UnitDesc unit{9, "actor/train", "tp=2,pp=1,dp=1,devices=4,5"};
   const std::vector<Body> bodies = {
-      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2, -1, false, 4, 0.5, "load", true, true},
-      JobOpen{"{}", 2, -1, 1, Bytes(128, 7), "250ms"},
+      JobRequest{"{\"algorithm\": \"ppo\"}", "{}", "", "", 512, 8192, true, 60, 2, -1, false, 4, 0.5, "load", true, true, true},
+      JobOpen{"{}", 2, -1, 1, Bytes(128, 7), "250ms", true},
       UnitAlloc{unit, true, 3},
       UnitAllocated{9, {buf, buf}},
-      UnitBuild{12, {SourceUnit{unit, 1, {buf}}}},
+      UnitBuild{12, {SourceUnit{unit, 1, {buf}}}, UnitDesc{12, "critic/train", "tp=1,pp=1,dp=1,devices=2"}, 300},
       UnitFree{9},
       UnitFreed{9},
       StepRun{3, 1536.5, {{9, "actor/train", 1}, {12, "critic/train", 0}}},
@@ -119,6 +119,7 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(r.inject_at == "load");
   CHECK(r.node_steps);
   CHECK(r.overlap);
+  CHECK(r.two_sided);
   const auto run = std::get<StepRun>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[7]})).body);
   CHECK(run.step == 3);
   CHECK(run.response_len == 1536.5);
@@ -134,6 +135,10 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(done.peak_bytes == 1u << 30);
   const auto u = std::get<UnitBuild>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[4]})).body);
   CHECK(u.target == 12);
+  CHECK(u.unit.id == 12);
+  CHECK(u.unit.model_stage == "critic/train");
+  CHECK(u.unit.spec == "tp=1,pp=1,dp=1,devices=2");
+  CHECK(u.run == 300);
   REQUIRE(u.sources.size() == 1);
   CHECK(u.sources[0].unit.spec == unit.spec);
   CHECK(u.sources[0].unit.model_stage == "actor/train");
@@ -146,6 +151,10 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(o.nccl_id == Bytes(128, 7));
   CHECK(o.freeze_node == 1);
   CHECK(o.inject_at == "250ms");
+  CHECK(o.two_sided);
+  RunDone done_run;
+  done_run.sent_bytes = 12345;
+  CHECK(std::get<RunDone>(decode_frame(encode_frame({kProtocolVersion, 1, 0, done_run})).body).sent_bytes == 12345);
   CHECK(std::get<UnitAlloc>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[2]})).body).replica == 3);
   CHECK(std::get<UnitAlloc>(decode_frame(encode_frame({kProtocolVersion, 1, 0, UnitAlloc{unit, false}})).body).replica == -1);
   // A node's regions: a device's whole arena, and a framework buffer of its own (adopted).

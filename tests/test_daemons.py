@@ -389,6 +389,7 @@ try:
           f"every node of the graph ran ({sorted(kinds)})")
     check(sum(l["bytes"] for l in t.get("links", [])) > 0 and t.get("copied_bytes", 0) >= t.get("moved_bytes", 1),
           f"per-link bytes from the nodes' timings ({t.get('copied_bytes')} copied, {t.get('moved_bytes')} planned over links)")
+    check(t.get("sent_bytes") == 0, f"gets: no node sends ({t.get('sent_bytes')} bytes sent)")
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--inject-kill-node", "2")
     f = failure1(j)
     check(f.get("lost_nodes") == [2] and f.get("phase") == "transition" and "node 2" in step1(j).get("transition", {}).get("error", ""),
@@ -407,6 +408,29 @@ try:
     j = wait_status(addr, lambda j: j.get("alive") == 3)
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
     check(rc == 0 and j.get("verified") is True and j.get("plan") == JOB_TO, f"after a rejoin the job runs over node 2 again ({err.strip()[-300:]})")
+    # Two-sided builds: links between nodes as UCX tagged messages, the sending nodes
+    # taking part. Every byte that crossed between nodes was sent by its source's node,
+    # and builds run concurrently on one worker per node with tags of their own.
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--transport", "ucx-tag")
+    t = step1(j).get("transition", {})
+    across = sum(l["bytes"] for l in t.get("links", []) if l["src_node"] != l["dst_node"])
+    check(rc == 0 and t.get("completed") is True and j.get("plan") == JOB_TO and j.get("verified") is True
+          and across > 0 and t.get("sent_bytes") == across,
+          f"cluster job --transport ucx-tag: the graph ran as messages, {t.get('sent_bytes')} bytes sent = {across} received "
+          f"across nodes, every unit verifies ({t.get('error')} {err.strip()[-300:]})")
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--transport", "ucx-tag",
+                             "--inject-kill-node", "2")
+    f = failure1(j)
+    check(rc == 0 and f.get("lost_nodes") == [2] and "node 2" in step1(j).get("transition", {}).get("error", "")
+          and j.get("verified") is True and not devices_of(j.get("plan") or {"x": "devices=4"}) & {4, 5},
+          f"ucx-tag: a daemon killed mid-graph is named, the job recovers on the survivors and verifies "
+          f"({step1(j).get('transition', {}).get('error')} {j.get('error')} {err.strip()[-300:]})")
+    rc, _, err = cluster_job(addr, "--transport", "ucx-gets")
+    check(rc != 0 and "--transport" in err, f"cluster job --transport: an unknown transport is one error ({err.strip()[-200:]})")
+    j = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=10)
+    nodes[2] = Daemon("--coordinator", addr, "--node-rank", "2", "--nodes", "3", "--devices", "host:2:256MiB", name="node2e")
+    j = wait_status(addr, lambda j: j.get("alive") == 3)
+    check(j is not None, "node 2 rejoins after the ucx-tag kill")
     # A daemon frozen mid-graph (SIGSTOP): the heartbeats lose it, the job treats it as lost.
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--inject-freeze-node", "2")
     f = failure1(j)
@@ -538,7 +562,8 @@ try:
     for args, want in [(["--coordinator-mode", "--nodes", "2"], "needs --listen"),
                        (["--node-rank", "1", "--nodes", "2"], "needs --coordinator"),
                        (["--coordinator-mode", "--nodes", "2", "--listen", "127.0.0.1:0", "--devices", "gpu:2"], "--devices"),
-                       (["--coordinator-mode", "--nodes", "2", "--listen", "nohost"], "HOST:PORT")]:
+                       (["--coordinator-mode", "--nodes", "2", "--listen", "nohost"], "HOST:PORT"),
+                       (["--coordinator-mode", "--nodes", "2", "--listen", "127.0.0.1:0", "--machine", "m2"], "--devices cuda:N")]:
         r = subprocess.run([NEREUSD, "--token-file", TOKEN, *args], capture_output=True, text=True, timeout=30)
         check(r.returncode != 0 and want in r.stderr, f"nereusd {' '.join(args)}: clear error ({r.stderr.strip()[-200:]})")
     # GPU memory for the node's devices: without a GPU here, one error naming the device.

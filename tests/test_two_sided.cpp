@@ -458,3 +458,32 @@ TEST_CASE("rounds: a failed group stops the run naming a transfer; strided messa
   CHECK(error_of([&] { run_on(io, ex.run(bound)); }).find("failed: mock group failure") != std::string::npos);
   CHECK(mock.groups.size() == 2);  // no round after the failed one
 }
+
+TEST_CASE("two-sided tags: a binding's first run takes the run number asked for, so concurrent bindings share no tag") {
+  testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
+  asio::io_context io;
+  testing::MockTransport mock(io.get_executor());
+  mock.two_sided = true;
+  LocalTransport local({1, 4096});
+  auto tags_of_run = [&](std::uint32_t first_run, int runs) {
+    ExecutorOptions opt;
+    opt.chunk_bytes = 1 << 14;
+    opt.remote_links = opt.two_sided = true;
+    opt.first_run = first_run;
+    Executor ex(local, &mock, [](DeviceId) { return PeerId{0}; }, opt);
+    const BoundTransition bound = ex.bind(r.transfers, r.plan.target(), r.w.table);
+    std::set<std::uint64_t> tags;
+    for (int k = 0; k < runs; ++k) {
+      mock.posted.clear();
+      run_on(io, ex.run(bound));
+    }
+    for (const DescriptorList& l : mock.posted) tags.insert(l.tag);
+    return tags;
+  };
+  const std::set<std::uint64_t> build7 = tags_of_run(7, 1), build8 = tags_of_run(8, 1), third = tags_of_run(5, 3);
+  REQUIRE(!build7.empty());
+  CHECK(build7 == third);  // run 5, 6, then 7: the same tags as a binding that starts at 7
+  std::vector<std::uint64_t> shared;
+  std::set_intersection(build7.begin(), build7.end(), build8.begin(), build8.end(), std::back_inserter(shared));
+  CHECK(shared.empty());
+}

@@ -8,9 +8,10 @@
 #    "staged_ucx_tag": {...},   (GPU memory across two processes over UCX tagged messages,
 #    staged through page-locked host memory: the path between machines without CUDA-aware UCX)
 #    "nccl": {"library": path, "one_process": {...}, "two_processes": {...} or why not},
-#    "daemons": {"ipc": {...}, "staged_ucx_tag": {...}, "job": {...}},   (the same reshard across two
+#    "daemons": {"ipc": {...}, "staged_ucx_tag": {...}, "job": {...}, "job_two_machines": {...}},   (the same reshard across two
 #    nereusd on this machine: CUDA IPC between the daemons, then UCX tagged messages staged through
-#    host memory; and `cluster job` with the daemons' devices in GPU memory, --devices cuda:4)
+#    host memory; and `cluster job` with the daemons' devices in GPU memory, --devices cuda:4,
+#    on one machine and as two machines, --machine)
 #    "python": {...},   (torch_units.py: the Python module over a job in GPU memory, the
 #    machine's torch computing on the units through DLPack, round trips bit for bit)
 #    "mixed": {...}}   (4 processes as 2 emulated machines: CUDA IPC inside each, UCX tagged
@@ -79,7 +80,8 @@ start_daemons() {
   port=$((20000 + RANDOM % 20000))
   "$here/nereusd" --token-file "$work/token" --coordinator-mode --nodes 2 --listen 127.0.0.1:$port --devices "$1" > "$work/d0.log" 2>&1 &
   d0=$!
-  "$here/nereusd" --token-file "$work/token" --coordinator 127.0.0.1:$port --node-rank 1 --nodes 2 --devices "$1" > "$work/d1.log" 2>&1 &
+  "$here/nereusd" --token-file "$work/token" --coordinator 127.0.0.1:$port --node-rank 1 --nodes 2 --devices "$1" ${2:+--machine "$2"} \
+    > "$work/d1.log" 2>&1 &
   d1=$!
   for _ in $(seq 40); do
     kill -0 "$d0" 2>/dev/null && kill -0 "$d1" 2>/dev/null || break  # one failed to start: its log says why
@@ -110,6 +112,14 @@ daemons_job=$(timeout "$(limit 90)" "$here/nereus" cluster job --coordinator 127
 step daemons_job "$daemons_job"
 stop_daemons
 case "$daemons_job" in \{*) ;; *) daemons_job="{\"error\": \"$(echo "$daemons_job" | tr -d '"\n'); daemon logs: $(daemon_logs)\"}" ;; esac
+# The same job with the two daemons as two machines (nereusd --machine): between them,
+# two-sided builds, GPU memory staged through host memory over UCX tagged messages.
+start_daemons cuda:4:2GiB other-machine
+daemons_job2=$(timeout "$(limit 90)" "$here/nereus" cluster job --coordinator 127.0.0.1:$port --token-file "$work/token" --job ppo-tiny \
+               --response-len 128 --response-len-after 2048 --json 2>&1 | tail -1)
+step daemons_job_two_machines "$daemons_job2"
+stop_daemons
+case "$daemons_job2" in \{*) ;; *) daemons_job2="{\"error\": \"$(echo "$daemons_job2" | tr -d '"\n'); daemon logs: $(daemon_logs)\"}" ;; esac
 rm -rf "$work"
 # The Python module (built for Python 3.12) over a job in GPU memory, computed on by this
 # machine's torch (torch_units.py). First with the machine's own C++ runtime (its torch may
@@ -122,7 +132,7 @@ else
   py_json='{"not_packed": "no Python 3.12 where the pack was built"}'
 fi
 step python "$py_json"
-python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" "$daemons_job" <<'PY'
+python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" "$daemons_job" "$daemons_job2" <<'PY'
 import json, sys
 rc, log = int(sys.argv[1]), open(sys.argv[2]).read()
 def parsed(text):
@@ -136,7 +146,8 @@ if one.get("gbps") and two.get("gbps"):
     ipc["ratio"] = two["gbps"] / one["gbps"]
 nccl = {"library": sys.argv[9], "one_process": nccl_one, "two_processes": nccl_two}
 mixed = parsed(sys.argv[10])
-daemons = {"ipc": parsed(sys.argv[11]), "staged_ucx_tag": parsed(sys.argv[12]), "job": parsed(sys.argv[14])}
+daemons = {"ipc": parsed(sys.argv[11]), "staged_ucx_tag": parsed(sys.argv[12]), "job": parsed(sys.argv[14]),
+           "job_two_machines": parsed(sys.argv[15])}
 python = parsed(sys.argv[13])
 print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl,
                   "mixed": mixed, "daemons": daemons, "python": python}))

@@ -36,7 +36,7 @@ struct JobArgs {
   bool no_verify = false, json = false, node_steps = false, overlap = false;
   int kill_node = -1, freeze_node = -1;
   unsigned steps = 1;
-  std::string inject_at;
+  std::string inject_at, transport = "ucx";
 };
 
 #ifdef NEREUS_HAVE_CLUSTER
@@ -119,6 +119,7 @@ int run_job(const JobArgs& a) {
   r.step_seconds = a.step_seconds;
   r.node_steps = a.node_steps;
   r.overlap = a.overlap;
+  r.two_sided = a.transport == "ucx-tag";
   r.perfetto = !a.perfetto.empty();
   const Body ask = r;
   // Loading, each step's transition, a recovery and the check: each may take up to the timeout.
@@ -231,6 +232,10 @@ void add_cluster_command(CLI::App& app) {
                                           "the old units (the new plan holds from step k+2); builds that read training state, "
                                           "and destroys, wait for the step's end")
       ->needs("--node-steps");
+  job->add_option("--transport", j->transport, "how builds move bytes between host-memory daemons: ucx (gets the receiving node "
+                                               "runs, default) or ucx-tag (tagged messages, the sending nodes taking part); "
+                                               "GPU daemons use CUDA IPC inside a machine and staged ucx-tag across machines")
+      ->check(CLI::IsMember({"ucx", "ucx-tag"}));
   job->add_flag("--no-verify", j->no_verify, "skip checking every unit's bytes against the fill at the end");
   job->add_option("--timeout", j->timeout, "give up a request to a node after this many seconds (default 300)")->check(CLI::PositiveNumber);
   job->add_flag("--json", j->json, "print the report as one JSON object");

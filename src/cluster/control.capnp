@@ -85,6 +85,7 @@ struct JobRequest {
   injectAt @13 :Text;         # when the injected fault strikes: "build" (or empty), "load", "MSms" after the job opens
   nodeSteps @14 :Bool;        # each step waits for every node's framework to run it (stepRun / stepDone)
   overlap @15 :Bool;          # with nodeSteps: a transition admitted after step k runs beside step k + 1
+  twoSided @16 :Bool;         # builds move links between nodes as UCX tagged messages, senders taking part
 }
 
 struct StepRun {
@@ -118,6 +119,7 @@ struct JobOpen {
   freezeNode @3 :Int32;
   ncclId @4 :Data;            # an NCCL unique id for the job's nodes (128 bytes); empty: none (no NCCL transport yet)
   injectAt @5 :Text;          # as JobRequest.injectAt
+  twoSided @6 :Bool;          # as JobRequest.twoSided (GPU daemons use messages across machines regardless)
 }
 
 # One unit (EMU) of the job: `spec` is its layout and GPU list, "tp=2,pp=1,dp=1,devices=4,5".
@@ -149,6 +151,8 @@ struct SourceUnit {
 struct UnitBuild {
   target @0 :UInt32;          # an allocated unit
   sources @1 :List(SourceUnit);
+  unit @2 :UnitDesc;          # the target unit: a node that only sends to it holds none of it
+  run @3 :UInt32;             # the build's number: its messages' tags carry it (mod 256)
 }
 
 struct TransitionSpec {
@@ -214,6 +218,7 @@ struct RunDone {
   commits @4 :UInt64;
   timings @5 :List(Timing);   # every transfer the node received in this run
   startedNs @6 :Int64;        # the node's clock (clock_sync.hpp) when the run started
+  sentBytes @7 :UInt64;       # two-sided: the bytes this node sent (its receivers count them in linkBytes)
 }
 
 struct Timing {

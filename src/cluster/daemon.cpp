@@ -223,8 +223,8 @@ struct Daemon::State {
   // An authenticated client: status requests, a transition or job request (coordinator),
   // or the coordinator driving this node's part of a transition or of a job.
   asio::awaitable<void> client_session(Channel& ch) {
-    NodeTransition part(io, o.launch.node_rank, o.device_capacity, metrics);
-    NodeJob job(io, o.launch.node_rank, devices, metrics, o.step_host.get(), o.adopt);
+    NodeTransition part(io, o.launch.node_rank, o.device_capacity, metrics, o.machine);
+    NodeJob job(io, o.launch.node_rank, devices, metrics, o.step_host.get(), o.adopt, o.machine);
     bool in_exchange = false;
     std::exception_ptr ended;
     try {

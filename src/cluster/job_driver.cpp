@@ -13,6 +13,7 @@
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
 #include "nereus/core/stage_state.hpp"
+#include "nereus/plan/reshard.hpp"
 
 namespace nereus::cluster::detail {
 
@@ -39,7 +40,7 @@ GlobalPlan Pool::to_indices(const GlobalPlan& p) const {
 JobDriver::JobDriver(asio::any_io_executor ex, const JobRequest& r, int per_node, const std::string& token,
                      std::function<bool(int)> membership)
     : ex_(ex), request_(r), per_(per_node), token_(token), job_(parse_job(r.job, "the job")), stages_(model_stages(job_)),
-      pumps_(ex), changed_(ex), membership_(std::move(membership)) {}
+      pumps_(ex), changed_(ex), membership_(std::move(membership)), two_sided_(r.two_sided) {}
 
 asio::awaitable<std::unique_ptr<JobDriver::Session>> JobDriver::open_session(const NodeAddress& n) {
   auto s = std::make_unique<Session>();
@@ -70,11 +71,12 @@ asio::awaitable<void> JobDriver::connect(const std::vector<NodeAddress>& nodes) 
   if (alive().empty()) throw Error("no node of the job could be reached (node " + std::to_string(nodes.at(0).rank) + ": " + sessions_.at(0)->lost + ")");
   // No NCCL unique id (nccl_bootstrap.hpp): each would keep a thread and a socket of
   // NCCL's for the coordinator's life until an NCCL transport connects to it.
-  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, {}, request_.inject_at};
+  const Body open = JobOpen{request_.job, per_, request_.kill_node, request_.freeze_node, {}, request_.inject_at, request_.two_sided};
   Peers peers;
   for (auto& [rank, e] : co_await each_surviving(alive(), open, "job-open")) {
     session(rank).info = std::get<Ready>(e.body).info;
     peers.all.push_back(session(rank).info);
+    two_sided_ = two_sided_ || !session(rank).info.machine.empty();  // GPU daemons: messages across machines
   }
   const Body b = peers;
   co_await each_surviving(alive(), b, "peers");
@@ -92,8 +94,9 @@ asio::awaitable<bool> JobDriver::admit(const NodeAddress& n) {
     sessions_.push_back(std::move(fresh));
   }
   pumps_.spawn(pump(s));
-  const Body open = JobOpen{request_.job, per_, -1, -1, {}, {}};
+  const Body open = JobOpen{request_.job, per_, -1, -1, {}, {}, request_.two_sided};
   s.info = std::get<Ready>((co_await call(n.rank, open, "job-open")).body).info;
+  two_sided_ = two_sided_ || !s.info.machine.empty();
   Peers everyone;
   for (int r : alive()) everyone.all.push_back(session(r).info);
   const Body to_joiner = everyone, to_others = Peers{{s.info}};
@@ -273,6 +276,25 @@ UnitDesc JobDriver::describe(std::uint32_t id) const {
   return {id, stages_[u.stage].name(), to_string(CollectionSpec{u.emu.layout, 1, u.emu.gpus})};
 }
 
+std::vector<int> JobDriver::senders(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups) const {
+  // The plan every node of the build derives (node_job.cpp): the same pure function of the
+  // same units, so the nodes that send are exactly those this finds.
+  auto collection = [this](std::uint32_t u) {
+    const UnitRecord& r = units_.at(u);
+    const ModelStage& st = stages_[r.stage];
+    return Collection::from_spec(st.model, st.name(), CollectionSpec{r.emu.layout, 1, r.emu.gpus}, st.kind == StageKind::train);
+  };
+  std::vector<Collection> from;
+  for (const auto& g : groups) {
+    from.push_back(collection(g.at(0)));
+    for (std::size_t k = 1; k < g.size(); ++k) from.back().units.push_back(collection(g[k]).units[0]);
+  }
+  std::set<int> out;
+  for (const Transfer& t : plan_reshard(from, collection(id)).transfers())
+    if (node_of(t.src) != node_of(t.dst)) out.insert(node_of(t.src));
+  return {out.begin(), out.end()};
+}
+
 std::uint32_t JobDriver::add_unit(std::size_t stage, const Emu& emu) {
   const std::uint32_t id = next_unit_++;
   units_[id] = UnitRecord{stage, emu, {}};
@@ -302,11 +324,18 @@ void JobDriver::give_up() {
 }
 
 asio::awaitable<std::vector<RunDone>> JobDriver::build(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups) {
-  UnitBuild b{id, {}};
+  // A build's messages carry its number in their tags: concurrent builds share the nodes'
+  // transports. (Mod 256: a message left by an aborted build matches no build until 256 later.)
+  UnitBuild b{id, {}, describe(id), builds_++};
   for (std::uint32_t g = 0; g < groups.size(); ++g)
     for (std::uint32_t u : groups[g]) b.sources.push_back({describe(u), g, units_.at(u).buffers});
   const Body body = b;
-  const std::vector<int> ranks = nodes_of(units_.at(id).emu);
+  std::vector<int> ranks = nodes_of(units_.at(id).emu);
+  if (two_sided_) {  // the nodes that send to it take part: their answer says their sends completed
+    std::set<int> all(ranks.begin(), ranks.end());
+    for (int r : senders(id, groups)) all.insert(r);
+    ranks.assign(all.begin(), all.end());
+  }
   const std::vector<Envelope> got = co_await each(ranks, body, "unit-build");
   std::vector<RunDone> out;
   for (const Envelope& e : got) out.push_back(std::get<RunDone>(e.body));

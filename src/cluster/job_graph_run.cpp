@@ -50,6 +50,7 @@ class DaemonUnits final : public UnitSpace {
     std::uint64_t bytes = 0;
     for (const RunDone& r : done) {
       bytes += r.link_bytes + r.local_bytes;
+      sent_ += r.sent_bytes;
       for (const Timing& t : r.timings) links_[{d_.node_of(static_cast<DeviceId>(t.src)), d_.node_of(static_cast<DeviceId>(t.dst))}].add(t);
     }
     co_return bytes;
@@ -116,6 +117,9 @@ class DaemonUnits final : public UnitSpace {
            device_list_string(on_devices(g_.emu(r)).gpus) + ")";
   }
 
+  /// Two-sided builds: the bytes the sending nodes sent (0 for gets).
+  std::uint64_t sent_bytes() const { return sent_; }
+
   json links() const {
     json out = json::array();
     for (const auto& [k, s] : links_)
@@ -157,6 +161,7 @@ class DaemonUnits final : public UnitSpace {
   std::size_t lost_before_;  // nodes lost before this run
   mutable std::map<std::uint32_t, long> last_destroy_;
   std::map<std::pair<int, int>, LinkSpan> links_;
+  std::uint64_t sent_ = 0;  // two-sided builds: bytes the sending nodes sent
 };
 
 }  // namespace
@@ -185,7 +190,8 @@ asio::awaitable<nlohmann::json> run_graph(JobDriver& d, const TransitionGraph& g
            {"destroys", g.summary.destroys},
            {"kept_units", g.summary.kept_units},
            {"graph_nodes", nodes},
-           {"links", space.links()}};
+           {"links", space.links()},
+           {"sent_bytes", space.sent_bytes()}};
   if (!r.completed) out["error"] = r.error;
   co_return out;
 }

@@ -84,7 +84,8 @@ class JobDriver {
   /// loads it (a framework's node may back it with its own memory).
   asio::awaitable<void> allocate(std::uint32_t id, bool fill, int replica = -1);
   /// Fills unit `id` from the source groups (one per model-stage read); returns each of its
-  /// nodes' report once that node's bytes have landed.
+  /// nodes' report once that node's bytes have landed (two-sided: and each sending node's,
+  /// once its sends completed).
   asio::awaitable<std::vector<RunDone>> build(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups);
   /// Frees a unit on the alive nodes that hold part of it.
   asio::awaitable<void> release(std::uint32_t id);
@@ -166,6 +167,8 @@ class JobDriver {
                                                                         const char* what);
   std::vector<int> nodes_of(const Emu& e) const;
   UnitDesc describe(std::uint32_t id) const;
+  /// Two-sided builds: the nodes that send bytes of unit `id` from `groups` to another node.
+  std::vector<int> senders(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups) const;
 
   asio::any_io_executor ex_;
   const JobRequest& request_;
@@ -185,6 +188,8 @@ class JobDriver {
   bool stepping_ = false;
   std::function<bool(int)> membership_;
   bool closing_ = false;
+  bool two_sided_ = false;     // builds as messages, senders taking part (JobRequest::two_sided, or GPU daemons)
+  std::uint32_t builds_ = 0;   // builds started: the next one's number (UnitBuild::run)
 };
 
 /// Executes graph `g` (GPUs as `pool` indices) from the driver's current units. Every

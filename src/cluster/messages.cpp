@@ -257,7 +257,7 @@ Body body_of(w::Envelope::Body::Reader e) {
     case w::Envelope::Body::RUN: return Run{e.getRun()};
     case w::Envelope::Body::DONE: {
       auto d = e.getDone();
-      RunDone out{d.getSeconds(), d.getLinkBytes(), d.getLocalBytes(), d.getTransfers(), d.getCommits(), {}, d.getStartedNs()};
+      RunDone out{d.getSeconds(), d.getLinkBytes(), d.getLocalBytes(), d.getTransfers(), d.getCommits(), {}, d.getStartedNs(), d.getSentBytes()};
       const auto timings = d.getTimings();
       check_size(timings, kMaxBuffers, "timings");
       out.timings.reserve(timings.size());
@@ -293,13 +293,13 @@ Body body_of(w::Envelope::Body::Reader e) {
                         j.getSteps(),
                         j.getStepSeconds(),
                         text_of(j.getInjectAt(), "fault moment"),
-                        j.getNodeSteps(), j.getOverlap()};
+                        j.getNodeSteps(), j.getOverlap(), j.getTwoSided()};
     }
     case w::Envelope::Body::JOB_OPEN: {
       auto j = e.getJobOpen();
       if (j.getNcclId().size() > kMaxNcclId) throw Error("an NCCL unique id of " + std::to_string(j.getNcclId().size()) + " bytes is too long");
       return JobOpen{text_of(j.getJob(), "job", kMaxFile), j.getDevicesPerNode(), j.getKillNode(), j.getFreezeNode(),
-                     Bytes(j.getNcclId().begin(), j.getNcclId().end()), text_of(j.getInjectAt(), "fault moment")};
+                     Bytes(j.getNcclId().begin(), j.getNcclId().end()), text_of(j.getInjectAt(), "fault moment"), j.getTwoSided()};
     }
     case w::Envelope::Body::UNIT_ALLOC: {
       auto a = e.getUnitAlloc();
@@ -311,7 +311,7 @@ Body body_of(w::Envelope::Body::Reader e) {
     }
     case w::Envelope::Body::UNIT_BUILD: {
       auto b = e.getUnitBuild();
-      UnitBuild out{b.getTarget(), {}};
+      UnitBuild out{b.getTarget(), {}, unit_of(b.getUnit()), b.getRun()};
       const auto sources = b.getSources();
       check_size(sources, kMaxSources, "source units");
       for (auto u : sources) out.sources.push_back({unit_of(u.getUnit()), u.getGroup(), buffers_of(u.getBuffers())});
@@ -433,6 +433,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setTransfers(d.transfers);
                    o.setCommits(d.commits);
                    o.setStartedNs(d.started_ns);
+                   o.setSentBytes(d.sent_bytes);
                    auto l = o.initTimings(static_cast<unsigned>(d.timings.size()));
                    for (unsigned i = 0; i < d.timings.size(); ++i) {
                      const Timing& t = d.timings[i];
@@ -479,6 +480,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setInjectAt(j.inject_at);
                    o.setNodeSteps(j.node_steps);
                    o.setOverlap(j.overlap);
+                   o.setTwoSided(j.two_sided);
                  },
                  [&](const JobOpen& j) {
                    auto o = body.initJobOpen();
@@ -488,6 +490,7 @@ Bytes encode_frame(const Envelope& e) {
                    o.setFreezeNode(j.freeze_node);
                    o.setNcclId(data_of(j.nccl_id));
                    o.setInjectAt(j.inject_at);
+                   o.setTwoSided(j.two_sided);
                  },
                  [&](const UnitAlloc& a) {
                    auto o = body.initUnitAlloc();
@@ -503,6 +506,8 @@ Bytes encode_frame(const Envelope& e) {
                  [&](const UnitBuild& b) {
                    auto o = body.initUnitBuild();
                    o.setTarget(b.target);
+                   put_unit(o.initUnit(), b.unit);
+                   o.setRun(b.run);
                    auto l = o.initSources(static_cast<unsigned>(b.sources.size()));
                    for (unsigned i = 0; i < b.sources.size(); ++i) {
                      put_unit(l[i].initUnit(), b.sources[i].unit);

@@ -1,6 +1,7 @@
 // A job's units across daemons: a node's part (job_service.hpp).
 #include <signal.h>
 
+#include <algorithm>
 #include <map>
 
 #include "nereus/cluster/clock_sync.hpp"
@@ -16,6 +17,7 @@
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/transport/cuda.hpp"
 #include "nereus/transport/local.hpp"
+#include "nereus/transport/mixed.hpp"
 #include "nereus/transport/ucx.hpp"
 #include "nccl_bootstrap.hpp"
 #include "offload.hpp"
@@ -55,17 +57,20 @@ struct NodeJob::State {
   Metrics& metrics;
   StepHost* host;  // the framework running this node's steps; null: steps are answered at once
   std::span<const AdoptedBuffer> adopt;  // the framework's memory for the units the job loads here
+  std::string machine;                   // DaemonOptions::machine
   std::vector<char> adopted;             // per adopt entry: a loaded unit took it
   std::shared_ptr<const JobSpec> job;
   int per = 1;
   int kill_node = -1, freeze_node = -1;
   FaultMoment fault;
   Bytes nccl_id;
+  bool two_sided = false;  // builds move links between nodes as tagged messages
   bool doomed = false;
   asio::steady_timer doom{io};
   LocalTransport local{{2, 1 << 20}};
-  std::unique_ptr<UcxTransport> ucx;     // host devices: between nodes
+  std::unique_ptr<UcxTransport> ucx;     // between nodes (GPU memory: messages staged through host memory)
   std::unique_ptr<Transport> cuda;       // CUDA devices: copies here, CUDA IPC gets between nodes of one machine
+  std::unique_ptr<MixedTransport> mixed;  // CUDA devices: IPC where it reaches, else UCX
   std::vector<Registration> regs;
   std::map<std::uint32_t, LocalUnit> units;
   std::vector<Executor*> active;
@@ -82,7 +87,7 @@ struct NodeJob::State {
 
   /// The daemon's devices are GPU memory (nereusd --devices cuda:N).
   bool on_gpus() const { return !devices.empty() && devices.front()->kind() == MemoryKind::cuda; }
-  Transport& remote() { return cuda ? *cuda : static_cast<Transport&>(*ucx); }
+  Transport& remote() { return mixed ? *mixed : static_cast<Transport&>(*ucx); }
   Transport& copies() { return cuda ? *cuda : static_cast<Transport&>(local); }
 
   Device* device(DeviceId d) {
@@ -119,17 +124,21 @@ struct NodeJob::State {
     nccl_id = m.nccl_id;  // for an NCCL communicator over the job's nodes (no NCCL transport yet)
     PeerInfo info;
     info.rank = static_cast<PeerId>(rank);
+    // Without UCX's peer error handling (the default; see UcxOptions): gets go over shared
+    // memory / CMA, and a failed endpoint reaches our error handler.
+    ucx = std::make_unique<UcxTransport>(io);
+    two_sided = m.two_sided;
     if (on_gpus()) {
-      // Between nodes, CUDA IPC gets: only daemons of one machine reach each other.
-      cuda = make_cuda_transport(io);
-      info.address = cuda->address();
-      info.machine.assign(reinterpret_cast<const char*>(info.address.data()), info.address.size());
-    } else {
-      // Without UCX's peer error handling (the default; see UcxOptions): gets go over shared
-      // memory / CMA, and a failed endpoint reaches our error handler.
-      ucx = std::make_unique<UcxTransport>(io);
-      info.address = ucx->address();
+      // CUDA IPC gets between daemons of one machine; across machines, UCX (the Debian build
+      // has no CUDA support) as messages staged through host memory: the coordinator then
+      // runs builds two-sided (PeerInfo::machine tells it these are GPU daemons).
+      cuda = make_cuda_transport(io, {.machine = machine});
+      mixed = std::make_unique<MixedTransport>(std::vector<Transport*>{cuda.get(), ucx.get()});
+      two_sided = true;
+      const std::vector<std::byte> id = cuda->address();
+      info.machine.assign(reinterpret_cast<const char*>(id.data()), id.size());
     }
+    info.address = remote().address();
     for (auto& dev : devices) {
       regs.push_back(remote().register_memory({dev->arena(), dev->capacity(), dev->id(), dev->kind()}));
       info.regions.push_back({dev->id(), regs.back().remote_key});
@@ -234,13 +243,17 @@ struct NodeJob::State {
     return it->second;
   }
 
-  /// Pulls this node's bytes of unit `b.target` from its sources; replies when they landed.
+  /// Pulls this node's bytes of unit `b.target` from its sources, and, two-sided, sends
+  /// what its sources hold to the target's other nodes; replies when both are done.
   void build(const UnitBuild& b, std::uint64_t request) {
-    LocalUnit& target = unit(b.target);
-    if (target.building) throw Error("unit " + std::to_string(b.target) + " is already being built");
+    const auto held_target = units.find(b.target);
+    LocalUnit* target = held_target == units.end() ? nullptr : &held_target->second;
+    if (!target && !two_sided) throw Error(me() + " holds no unit " + std::to_string(b.target));
+    if (target && target->building) throw Error("unit " + std::to_string(b.target) + " is already being built");
     std::vector<Collection> from;
     BufferTable table;
     std::vector<LocalUnit*> held;
+    std::vector<DeviceId> mine;  // this node's devices the build touches
     for (const SourceUnit& s : b.sources) {
       if (s.group > from.size()) throw Error("source groups must come in order");
       if (s.group == from.size()) {
@@ -250,27 +263,38 @@ struct NodeJob::State {
       Collection c = collection_of(s.unit);
       if (c.model_stage != from[s.group].model_stage) throw Error("a source group mixes model-stages");
       from[s.group].units.push_back(c.units[0]);
-      for (const PeerInfo::Buffer& x : s.buffers)
-        table.bind({s.group, x.device, x.buffer, x.slot}, {x.address, x.bytes, static_cast<PeerId>(static_cast<int>(x.device) / per), x.kind});
+      for (const PeerInfo::Buffer& x : s.buffers) {
+        const auto owner = static_cast<PeerId>(static_cast<int>(x.device) / per);
+        table.bind({s.group, x.device, x.buffer, x.slot}, {x.address, x.bytes, owner, x.kind});
+        if (two_sided && owner == static_cast<PeerId>(rank)) mine.push_back(x.device);  // it may send from here
+      }
       if (auto it = units.find(s.unit.id); it != units.end()) held.push_back(&it->second);
     }
-    for (std::size_t k = 0; k < target.buffers.size(); ++k) {
-      const BufferKey& key = target.buffers[k].key;
-      table.bind({kTargetSide, key.device, key.buffer, key.slot},
-                 {reinterpret_cast<std::uint64_t>(target.memory[k].data()), target.memory[k].size(), static_cast<PeerId>(rank),
-                  target.memory[k].kind()});
-    }
-    const ReshardPlan plan = plan_reshard(from, target.one);
+    if (target)
+      for (std::size_t k = 0; k < target->buffers.size(); ++k) {
+        const BufferKey& key = target->buffers[k].key;
+        mine.push_back(key.device);
+        table.bind({kTargetSide, key.device, key.buffer, key.slot},
+                   {reinterpret_cast<std::uint64_t>(target->memory[k].data()), target->memory[k].size(), static_cast<PeerId>(rank),
+                    target->memory[k].kind()});
+      }
+    std::sort(mine.begin(), mine.end());
+    mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+    // The plan the coordinator derived too (JobDriver::senders): the same pure function of
+    // the same units, so every node of the build binds its side of the same messages.
+    const Collection target_one = target ? target->one : collection_of(b.unit);
+    if (target_one.units.empty() || (!target && b.unit.id != b.target)) throw Error("unit-build: the target's description is missing");
+    const ReshardPlan plan = plan_reshard(from, target_one);
     ExecutorOptions eo;
     eo.self = static_cast<PeerId>(rank);
+    eo.two_sided = two_sided;  // GPU daemons: IPC peers keep their gets (link_path)
+    eo.first_run = b.run;      // concurrent builds share the transport: their tags differ
     const int per_node = per;
     auto ex = std::make_shared<Executor>(copies(), &remote(), [per_node](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per_node); }, eo);
-    std::vector<DeviceId> mine;
-    for (const BufferSpec& x : target.buffers) mine.push_back(x.key.device);
     const auto transfers = plan.transfers_touching(mine);
     auto bound = std::make_shared<BoundTransition>(ex->bind(transfers, plan.target(), table));
     if (fault.at == FaultMoment::At::build) strike_after(fault.ms);
-    target.building = true;
+    if (target) target->building = true;
     for (LocalUnit* u : held) ++u->readers;
     builds.spawn(run_build(b.target, std::move(held), ex, bound, request));
   }
@@ -282,7 +306,7 @@ struct NodeJob::State {
     active.push_back(ex.get());
     try {
       const ExecutionReport r = co_await ex->run(*bound);
-      RunDone d{r.seconds, r.link_bytes, r.local_bytes, r.timings.size(), r.commits.size(), {}, r.started_ns + node_clock_skew_ns()};
+      RunDone d{r.seconds, r.link_bytes, r.local_bytes, r.timings.size(), r.commits.size(), {}, r.started_ns + node_clock_skew_ns(), r.sent_bytes};
       for (const TransferTiming& t : r.timings)
         d.timings.push_back({static_cast<std::uint32_t>(t.src), static_cast<std::uint32_t>(t.dst), t.bytes, t.start, t.end});
       metrics.add_run(d.seconds, d.timings);
@@ -378,8 +402,10 @@ struct NodeJob::State {
 };
 
 NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics,
-                 StepHost* host, std::span<const AdoptedBuffer> adopt)
-    : s_(std::make_unique<State>(io, node_rank, devices, metrics, host, adopt)) {}
+                 StepHost* host, std::span<const AdoptedBuffer> adopt, std::string machine)
+    : s_(std::make_unique<State>(io, node_rank, devices, metrics, host, adopt)) {
+  s_->machine = std::move(machine);
+}
 
 NodeJob::~NodeJob() {
   if (s_->builds.pending() > 0) {
@@ -470,12 +496,14 @@ asio::awaitable<void> NodeJob::close() {
     State* stuck = s_.release();
     ++stuck->metrics.stuck_parts;
     s_ = std::make_unique<State>(stuck->io, stuck->rank, stuck->devices, stuck->metrics, stuck->host, stuck->adopt);
+    s_->machine = stuck->machine;
     co_return;
   }
   s.units.clear();
   if (s.ucx || s.cuda)
     for (const auto& r : s.regs) s.remote().deregister_memory(r);
   s.regs.clear();
+  s.mixed.reset();
   if (s.ucx) co_await s.ucx->shutdown();
   s.ucx.reset();
   s.cuda.reset();

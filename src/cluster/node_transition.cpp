@@ -23,6 +23,7 @@ struct NodeTransition::State {
   int rank;
   std::uint64_t capacity;
   Metrics& metrics;
+  std::string machine;  // DaemonOptions::machine
   // On the heap so that a participant whose run would not stop can be left running with
   // what it references (see close()).
   std::unique_ptr<ReshardSpec> config;
@@ -45,6 +46,7 @@ struct NodeTransition::State {
     if (m.devices_per_node < 1) throw Error("devices per node must be positive");
     config = std::make_unique<ReshardSpec>(config_of(m.spec));
     if (config->capacity.empty()) config->capacity = std::to_string(capacity);
+    config->machine = machine;
     kill_node = m.spec.kill_node;
     prepared = std::make_unique<PreparedReshard>(prepare_reshard(*config));
     const int per = m.devices_per_node;
@@ -58,8 +60,11 @@ struct NodeTransition::State {
   detail::Offload offload;  // fills, checks and dumps off the event loop
 };
 
-NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics)
-    : s_(std::make_unique<State>(io, node_rank, device_capacity, metrics)) {}
+NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics,
+                               std::string machine)
+    : s_(std::make_unique<State>(io, node_rank, device_capacity, metrics)) {
+  s_->machine = std::move(machine);
+}
 NodeTransition::~NodeTransition() = default;
 
 void NodeTransition::quarantine() {

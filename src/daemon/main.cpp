@@ -18,7 +18,7 @@ namespace {
 struct Args {
   LaunchArgs launch;
   int node_rank = -1, nodes = -1;
-  std::string token_file, devices = "host:1", metrics, advertise;
+  std::string token_file, devices = "host:1", metrics, advertise, machine;
   int heartbeat_ms = 250, dead_after_ms = 1500, handshake_ms = 5000, join_timeout_ms = 60000;
   std::uint32_t frame_cap = kDefaultFrameCap;
 };
@@ -48,6 +48,8 @@ int run(const Args& a) {
   o.launch = resolve_launch(l, [](const char* k) { return std::getenv(k); });
   o.token = load_token(a.token_file);
   parse_devices(a.devices, o);
+  if (!a.machine.empty() && o.device_kind != MemoryKind::cuda) throw Error("--machine names the machine CUDA IPC sees: it needs --devices cuda:N");
+  o.machine = a.machine;
   if (!a.metrics.empty()) o.metrics = parse_endpoint(a.metrics, "--metrics");
   if (!a.advertise.empty()) o.advertise = parse_endpoint(a.advertise, "--advertise");
   if (a.heartbeat_ms < 1 || a.dead_after_ms <= a.heartbeat_ms)
@@ -104,6 +106,8 @@ int main(int argc, char** argv) {
   app.add_option("--advertise", a.advertise, "HOST:PORT the other daemons reach this one at, when not --listen's (NAT, a proxy)");
   app.add_option("--token-file", a.token_file, "file with the shared secret (mode 600); else $NEREUS_TOKEN");
   app.add_option("--devices", a.devices, "host:N[:CAPACITY] or cuda:N[:CAPACITY] (device i on GPU i mod the GPUs present), the node's devices (default host:1, 1GiB each)");
+  app.add_option("--machine", a.machine, "with --devices cuda:N: a name added to this machine's identity as CUDA IPC sees it; daemons "
+                                         "whose names differ move GPU memory between them over UCX only, as across machines (tests)");
   app.add_flag("--coordinator-mode", a.launch.coordinator_mode, "be the coordinator (node 0)");
   app.add_option("--coordinator", a.launch.coordinator, "HOST:PORT of the coordinator");
   app.add_option("--node-rank", a.node_rank, "this node's rank (0..K-1)");

@@ -121,6 +121,7 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
   for (std::uint32_t u = 0; u < target.units.size(); ++u)
     for (DeviceId d : target.units[u].gpus) unit_of[d] = u;
   BoundTransition b;
+  b.runs_ = options_.first_run;
   b.unit_ops_.assign(target.units.size(), 0);
   // What each transport can move, asked once.
   const std::vector<MemoryKind> copies_move = copies_.capabilities().memory;

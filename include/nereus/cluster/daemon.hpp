@@ -26,6 +26,10 @@ struct DaemonOptions {
   /// Where they live: host memory, or GPU memory (device i on GPU i mod the GPUs present;
   /// a job's units then move by CUDA copies and, between daemons of one machine, CUDA IPC).
   MemoryKind device_kind = MemoryKind::host;
+  /// With GPU devices: added to this machine's identity as CUDA IPC sees it
+  /// (CudaTransportOptions::machine). Daemons whose names differ reach each other over UCX
+  /// only, as on different machines: how tests emulate machines on one.
+  std::string machine;
   std::optional<Endpoint> metrics;   ///< Prometheus endpoint
   std::optional<Endpoint> advertise; ///< where the others reach this daemon (default: where it listens)
   Millis heartbeat_every{250};

@@ -55,9 +55,10 @@ class NodeJob final : public NodePart {
  public:
   /// Units live in `devices` (the daemon's arenas) or, for the units a job loads, in the
   /// framework's memory `adopt` names; builds are counted in `metrics`. Steps go to `host`
-  /// (the framework in this process), or are answered at once without one.
+  /// (the framework in this process), or are answered at once without one. `machine`:
+  /// DaemonOptions::machine.
   NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_ptr<Device>>& devices, Metrics& metrics,
-          StepHost* host = nullptr, std::span<const AdoptedBuffer> adopt = {});
+          StepHost* host = nullptr, std::span<const AdoptedBuffer> adopt = {}, std::string machine = {});
   ~NodeJob();
   /// Whether a job is open on this channel (its messages go here).
   bool open() const;

@@ -121,6 +121,7 @@ struct RunDone {
   std::uint64_t link_bytes = 0, local_bytes = 0, transfers = 0, commits = 0;
   std::vector<Timing> timings;
   std::int64_t started_ns = 0;  ///< the node's clock (node_clock_ns) when the run started
+  std::uint64_t sent_bytes = 0;  ///< two-sided: bytes this node sent (its receivers count them in link_bytes)
 };
 struct Failed {
   std::string error;
@@ -163,6 +164,9 @@ struct JobRequest {
   std::string inject_at;      ///< when kill_node / freeze_node strikes (parse_fault_moment)
   bool node_steps = false;    ///< each step waits for every node's framework (StepRun / StepDone)
   bool overlap = false;       ///< with node_steps: a transition admitted after step k runs beside step k + 1
+  /// Builds move links between nodes as UCX tagged messages, the sending nodes taking part
+  /// (cluster job --transport ucx-tag), rather than as gets the receiving nodes run alone.
+  bool two_sided = false;
 };
 struct JobOpen {
   std::string job;
@@ -171,6 +175,7 @@ struct JobOpen {
   std::int32_t freeze_node = -1;
   Bytes nccl_id;  ///< the coordinator's NCCL unique id for the job; empty without NCCL
   std::string inject_at;  ///< as JobRequest::inject_at
+  bool two_sided = false;  ///< as JobRequest::two_sided; GPU daemons use messages across machines regardless
 };
 /// One unit of a job on the wire: id, model-stage and "tp=..,pp=..,dp=1,devices=...".
 struct UnitDesc {
@@ -194,6 +199,8 @@ struct SourceUnit {
 struct UnitBuild {
   std::uint32_t target = 0;
   std::vector<SourceUnit> sources;
+  UnitDesc unit;          ///< the target: a node that only sends to it (two-sided) holds none of it
+  std::uint32_t run = 0;  ///< the build's number, carried by its messages' tags (ExecutorOptions::first_run)
 };
 struct UnitFree {
   std::uint32_t id = 0;

@@ -42,8 +42,9 @@ asio::awaitable<TransitionOutcome> drive_transition(const TransitionSpec& spec, 
 /// One node's part of a transition, answering the coordinator on one channel.
 class NodeTransition final : public NodePart {
  public:
-  /// Runs are counted in `metrics` (per-link bytes and transfers, run times).
-  NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics);
+  /// Runs are counted in `metrics` (per-link bytes and transfers, run times). `machine`:
+  /// DaemonOptions::machine.
+  NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics, std::string machine = {});
   ~NodeTransition();
   /// Releases everything (the coordinator went away mid-transition).
   asio::awaitable<void> close() override;

@@ -34,6 +34,10 @@ struct ExecutorOptions {
   /// match in the order they were issued across all their links, in groups (NCCL), so
   /// always on when `remote` says `grouped`; UCX tagged messages may ask for it.
   bool rounds = false;
+  /// The run number of a bound transition's first run; tags carry it (message_tag), and
+  /// each later run of the same binding counts up from it. Two-sided transitions that share
+  /// one transport at the same time — a job's concurrent builds — each take their own.
+  std::uint32_t first_run = 0;
 };
 
 /// How a transfer crosses its link: the executor's per-link choice of transport and
@@ -145,7 +149,7 @@ class BoundTransition {
   std::vector<std::vector<Part>> rounds_;  ///< two-sided chunks in rounds (rounds())
   std::size_t landing_ops_ = 0;          ///< ops that land bytes here (not sends)
   std::uint64_t skipped_keep_ = 0;
-  mutable std::uint32_t runs_ = 0;       ///< runs started: the tags' run number
+  mutable std::uint32_t runs_ = 0;       ///< the next run's number (tags): first_run, then one more per run
 };
 
 class Executor {
