@@ -81,10 +81,10 @@ def begun(coordinator_log, timeout=60):
     raise RuntimeError("the coordinator did not take the job within 60 s")
 
 
-def job_command(nereus, addr, token):
+def job_command(nereus, addr, token, transport):
     return [nereus, "cluster", "job", "--coordinator", addr, "--token-file", token, "--job", "ppo-tiny", "--json",
             "--plan", json.dumps(JOB_SPREAD), "--to", json.dumps(JOB_SPREAD_TO), "--steps", "3", "--step-seconds", "0.3",
-            "--response-len", "128", "--timeout", "30"]
+            "--response-len", "128", "--timeout", "30", "--transport", transport]
 
 
 def main():
@@ -93,12 +93,13 @@ def main():
     ap.add_argument("cycles", nargs="?", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep-logs", default="")
+    ap.add_argument("--transport", default="ucx", choices=["ucx", "ucx-tag"], help="how the job's builds move bytes (cluster job --transport)")
     a = ap.parse_args()
     nereus, nereusd = os.path.join(a.build, "src", "nereus"), os.path.join(a.build, "src", "nereusd")
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="nereus-soak-")
     token = token_file(work, "token", "soak-" + os.urandom(8).hex())
-    out = {"cycles": 0, "crashes": 0, "hangs": 0, "verified": 0, "lost_bytes": 0, "misses": 0}
+    out = {"transport": a.transport, "cycles": 0, "crashes": 0, "hangs": 0, "verified": 0, "lost_bytes": 0, "misses": 0}
     detect, recover, notes = [], [], []
     detect_by = {"SIGKILL": [], "SIGSTOP": []}
     phases = {}  # where the job noticed each loss
@@ -107,7 +108,7 @@ def main():
         # One undisturbed cycle: the job's length (kills land inside it) and its bytes.
         procs = []
         addr, daemons, logs = start_cluster(nereusd, nereus, token, work, 0, procs)
-        job = subprocess.Popen(job_command(nereus, addr, token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        job = subprocess.Popen(job_command(nereus, addr, token, a.transport), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         t0 = begun(logs[0])
         stdout, stderr = job.communicate(timeout=limit)
         length = time.time() - t0
@@ -125,7 +126,7 @@ def main():
             victim = rng.choice((1, 2))
             sig = rng.choice((signal.SIGKILL, signal.SIGSTOP))
             delay = rng.uniform(0, length)
-            job = subprocess.Popen(job_command(nereus, addr, token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            job = subprocess.Popen(job_command(nereus, addr, token, a.transport), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             begun(logs[0])  # the moment counts from the coordinator taking the job
             time.sleep(delay)
             struck = time.time()

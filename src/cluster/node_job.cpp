@@ -75,6 +75,12 @@ struct NodeJob::State {
   std::map<std::uint32_t, LocalUnit> units;
   std::vector<Executor*> active;
   AsyncScope builds{io.get_executor()};
+  // Replies sent on the session's channel after the work (builds, steps): apart from the
+  // builds, so that close() ends every one of them before the channel goes, even when it
+  // must leave behind a build that would not stop (a UCX send to a frozen peer). Together,
+  // a reply waiting its turn on the channel was left behind with such a build and resumed
+  // into the freed channel (ASan, benches/soak.sh with ucx-tag).
+  AsyncScope replies{io.get_executor()};
   std::shared_ptr<Channel*> reply_to;  // where builds and steps report; cleared when the session ends
   int stepping = 0;                     // steps handed to the framework and not answered
   detail::Offload offload;
@@ -317,12 +323,8 @@ struct NodeJob::State {
     std::erase(active, ex.get());
     for (LocalUnit* u : held) --u->readers;
     if (auto it = units.find(id); it != units.end()) it->second.building = false;
-    const Envelope e{kProtocolVersion, request, 0, std::move(body)};
     if (!reply || !*reply) co_return;  // the session is gone
-    try {
-      co_await (*reply)->send(e);
-    } catch (const std::exception&) {  // the coordinator went away; close() cleans up
-    }
+    replies.spawn(send_late(reply, Envelope{kProtocolVersion, request, 0, std::move(body)}));
   }
 
   /// Hands step `r` to the framework with views of the current units held here; the
@@ -350,8 +352,8 @@ struct NodeJob::State {
       asio::post(ex, [this, reply, request, d = std::move(d)]() mutable {
         if (!reply || !*reply) return;  // the job closed meanwhile; its state is gone
         --stepping;
-        // In the builds' scope, which close() joins: the send never outlives the channel.
-        builds.spawn(send_late(reply, Envelope{kProtocolVersion, request, 0, std::move(d)}));
+        // In the replies' scope, which close() joins: the send never outlives the channel.
+        replies.spawn(send_late(reply, Envelope{kProtocolVersion, request, 0, std::move(d)}));
       });
     });
   }
@@ -408,7 +410,7 @@ NodeJob::NodeJob(asio::io_context& io, int node_rank, std::vector<std::unique_pt
 }
 
 NodeJob::~NodeJob() {
-  if (s_->builds.pending() > 0) {
+  if (s_->builds.pending() > 0 || s_->replies.pending() > 0) {
     // Ended mid-close (the daemon is stopping): a build still runs and writes its unit.
     // Leave it its state; the daemon ends without destroying what it uses (Daemon::stuck).
     ++s_->metrics.stuck_parts;
@@ -490,7 +492,15 @@ asio::awaitable<void> NodeJob::close() {
   if (!s.job) co_return;
   if (s.host) s.host->closed();
   s.stepping = 0;
-  if (!co_await s.abort(std::chrono::seconds(2))) {  // joined when it returns true
+  const bool stopped = co_await s.abort(std::chrono::seconds(2));  // joined when it returns true
+  // No reply outlives the channel. On a live channel they end at once; one stuck behind
+  // a write the coordinator does not read is cancelled (a sender waiting its turn leaves
+  // the line without writing).
+  if (!co_await s.replies.join_within(std::chrono::seconds(2))) {
+    s.replies.cancel();
+    co_await s.replies.join();
+  }
+  if (!stopped) {
     // A transfer that would not stop still writes a unit: leave this job's state, arenas'
     // buffers and UCX included, allocated for good rather than free memory under it.
     State* stuck = s_.release();
