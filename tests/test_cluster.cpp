@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "control.capnp.h"
+#include "../src/cluster/unit_build.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/cluster/channel.hpp"
 #include "nereus/cluster/launch.hpp"
@@ -23,6 +24,7 @@
 #include "nereus/cluster/messages.hpp"
 #include "nereus/cluster/metrics.hpp"
 #include "nereus/cluster/transition_service.hpp"
+#include "nereus/core/job.hpp"
 #include "run_async.hpp"
 #include "test_util.hpp"
 
@@ -90,6 +92,65 @@ TEST_CASE("frames: every message kind survives a round trip") {
   CHECK(hb.offset_ns == 30'000'000'000);
   CHECK(hb.rtt_ns == 41'000);
   CHECK(std::get<Hello>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[0]})).body).role == Role::node);
+}
+
+TEST_CASE("a unit build's plan: the source groups to the target, as plan_reshard of the same units, and bad messages named") {
+  // The coordinator (senders) and every node of a build derive it with plan_build: here it
+  // is checked against plan_reshard of the collections parsed independently.
+  const std::vector<ModelStage> stages = model_stages(load_job("ppo-tiny"));
+  auto stage = [&](const std::string& name) -> const ModelStage& {
+    for (const ModelStage& st : stages)
+      if (st.name() == name) return st;
+    FAIL("no model-stage " << name);
+    throw 0;
+  };
+  const ModelStage& train = stage("actor/train");
+  const ModelStage& gen = stage("actor/generate");
+  // Training state in two replicas of tp=2 (devices 0,1 and 2,3) to one tp=4 generation unit.
+  const Collection from = Collection::from_spec(train.model, train.name(), parse_collection_spec("tp=2,pp=1,dp=2,devices=0-3"), true);
+  const Collection to = Collection::from_spec(gen.model, gen.name(), parse_collection_spec("tp=4,pp=1,dp=1,devices=4-7"), false);
+  UnitBuild b{20, {}, UnitDesc{20, "actor/generate", "tp=4,pp=1,dp=1,devices=4-7"}, 0};
+  b.sources.push_back({UnitDesc{1, "actor/train", "tp=2,pp=1,dp=1,devices=0:1"}, 0, {}});
+  b.sources.push_back({UnitDesc{2, "actor/train", "tp=2,pp=1,dp=1,devices=2:3"}, 0, {}});
+  const std::vector<Transfer> got = detail::plan_build(stages, b).transfers();
+  const std::vector<Transfer> want = plan_reshard(std::vector<Collection>{from}, to).transfers();
+  REQUIRE(got.size() == want.size());
+  REQUIRE(!got.empty());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i].src == want[i].src);
+    CHECK(got[i].dst == want[i].dst);
+    CHECK(got[i].tensor == want[i].tensor);
+    CHECK(got[i].slot == want[i].slot);
+    CHECK(got[i].bytes == want[i].bytes);
+  }
+
+  auto error_of = [&](const UnitBuild& m) {
+    try {
+      detail::plan_build(stages, m);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  UnitBuild missing = b;
+  missing.unit = {};  // a node that only sends has nothing else to go by
+  CHECK(error_of(missing) == "unit-build: the target's description is missing");
+  UnitBuild other = b;
+  other.unit.id = 21;
+  CHECK(error_of(other) == "unit-build: the target's description is missing");
+  UnitBuild skipped = b;
+  skipped.sources[1].group = 2;
+  CHECK(error_of(skipped) == "unit-build: source groups must come in order");
+  UnitBuild mixed = b;
+  mixed.sources[1].unit.model_stage = "critic/train";
+  CHECK(error_of(mixed) == "unit-build: a source group mixes model-stages");
+  UnitBuild unknown = b;
+  unknown.sources[0].unit.model_stage = "judge/train";
+  CHECK(error_of(unknown) == "'judge/train' is not a model-stage of the job");
+  UnitBuild two = b;
+  two.unit.spec = "tp=2,pp=1,dp=2,devices=4-7";
+  CHECK(error_of(two) == "unit 20: 'tp=2,pp=1,dp=2,devices=4-7' is not one unit");
 }
 
 TEST_CASE("frames: the job messages survive a round trip") {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "job_graph_run.hpp"
+#include "unit_build.hpp"
 #include "nereus/cluster/auth.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
@@ -276,21 +277,11 @@ UnitDesc JobDriver::describe(std::uint32_t id) const {
   return {id, stages_[u.stage].name(), to_string(CollectionSpec{u.emu.layout, 1, u.emu.gpus})};
 }
 
-std::vector<int> JobDriver::senders(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups) const {
-  // The plan every node of the build derives (node_job.cpp): the same pure function of the
-  // same units, so the nodes that send are exactly those this finds.
-  auto collection = [this](std::uint32_t u) {
-    const UnitRecord& r = units_.at(u);
-    const ModelStage& st = stages_[r.stage];
-    return Collection::from_spec(st.model, st.name(), CollectionSpec{r.emu.layout, 1, r.emu.gpus}, st.kind == StageKind::train);
-  };
-  std::vector<Collection> from;
-  for (const auto& g : groups) {
-    from.push_back(collection(g.at(0)));
-    for (std::size_t k = 1; k < g.size(); ++k) from.back().units.push_back(collection(g[k]).units[0]);
-  }
+std::vector<int> JobDriver::senders(const UnitBuild& b) const {
+  // The plan every node of the build derives from the same message (node_job.cpp), so the
+  // nodes that send are exactly those this finds.
   std::set<int> out;
-  for (const Transfer& t : plan_reshard(from, collection(id)).transfers())
+  for (const Transfer& t : detail::plan_build(stages_, b).transfers())
     if (node_of(t.src) != node_of(t.dst)) out.insert(node_of(t.src));
   return {out.begin(), out.end()};
 }
@@ -333,7 +324,7 @@ asio::awaitable<std::vector<RunDone>> JobDriver::build(std::uint32_t id, const s
   std::vector<int> ranks = nodes_of(units_.at(id).emu);
   if (two_sided_) {  // the nodes that send to it take part: their answer says their sends completed
     std::set<int> all(ranks.begin(), ranks.end());
-    for (int r : senders(id, groups)) all.insert(r);
+    for (int r : senders(b)) all.insert(r);
     ranks.assign(all.begin(), all.end());
   }
   const std::vector<Envelope> got = co_await each(ranks, body, "unit-build");

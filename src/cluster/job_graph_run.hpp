@@ -167,8 +167,8 @@ class JobDriver {
                                                                         const char* what);
   std::vector<int> nodes_of(const Emu& e) const;
   UnitDesc describe(std::uint32_t id) const;
-  /// Two-sided builds: the nodes that send bytes of unit `id` from `groups` to another node.
-  std::vector<int> senders(std::uint32_t id, const std::vector<std::vector<std::uint32_t>>& groups) const;
+  /// Two-sided builds: the nodes that send bytes of build `b` to another node.
+  std::vector<int> senders(const UnitBuild& b) const;
 
   asio::any_io_executor ex_;
   const JobRequest& request_;

@@ -21,6 +21,7 @@
 #include "nereus/transport/ucx.hpp"
 #include "nccl_bootstrap.hpp"
 #include "offload.hpp"
+#include "unit_build.hpp"
 
 namespace nereus::cluster {
 
@@ -60,6 +61,7 @@ struct NodeJob::State {
   std::string machine;                   // DaemonOptions::machine
   std::vector<char> adopted;             // per adopt entry: a loaded unit took it
   std::shared_ptr<const JobSpec> job;
+  std::vector<ModelStage> stages;  // model_stages(*job)
   int per = 1;
   int kill_node = -1, freeze_node = -1;
   FaultMoment fault;
@@ -103,15 +105,7 @@ struct NodeJob::State {
   }
 
   /// The unit a descriptor names, parsed and checked against the job.
-  Collection collection_of(const UnitDesc& u) const {
-    for (const ModelStage& st : model_stages(*job))
-      if (st.name() == u.model_stage) {
-        Collection c = Collection::from_spec(st.model, st.name(), parse_collection_spec(u.spec), st.kind == StageKind::train);
-        if (c.dp() != 1) throw Error("unit " + std::to_string(u.id) + ": '" + u.spec + "' is not one unit");
-        return c;
-      }
-    throw Error("'" + u.model_stage + "' is not a model-stage of the job");
-  }
+  Collection collection_of(const UnitDesc& u) const { return detail::unit_collection(stages, u); }
 
   PeerInfo open(const JobOpen& m) {
     if (job) throw Error(me() + " already holds a job");
@@ -121,6 +115,7 @@ struct NodeJob::State {
     }
     if (m.devices_per_node < 1) throw Error("devices per node must be positive");
     job = std::make_shared<const JobSpec>(parse_job(m.job, "the job"));
+    stages = model_stages(*job);
     per = m.devices_per_node;
     kill_node = m.kill_node;
     freeze_node = m.freeze_node;
@@ -158,7 +153,7 @@ struct NodeJob::State {
       if (dev->kind() != MemoryKind::host)
         throw Error(me() + ": adopt: device " + std::to_string(a.device) + " is not host memory (adopted buffers are)");
       bool known = false;
-      for (const ModelStage& st : model_stages(*job)) known = known || st.name() == a.model_stage;
+      for (const ModelStage& st : stages) known = known || st.name() == a.model_stage;
       if (!known) throw Error(me() + ": adopt: '" + a.model_stage + "' is not a model-stage of the job");
       regs.push_back(ucx->register_memory({a.data, a.bytes, a.device, MemoryKind::host}));
       info.regions.push_back({a.device, regs.back().remote_key, reinterpret_cast<std::uint64_t>(a.data), a.bytes});
@@ -256,19 +251,13 @@ struct NodeJob::State {
     LocalUnit* target = held_target == units.end() ? nullptr : &held_target->second;
     if (!target && !two_sided) throw Error(me() + " holds no unit " + std::to_string(b.target));
     if (target && target->building) throw Error("unit " + std::to_string(b.target) + " is already being built");
-    std::vector<Collection> from;
+    // The plan the coordinator derived too (JobDriver::senders), from the same message: every
+    // node of the build binds its side of the same messages. It checks the message first.
+    const ReshardPlan plan = detail::plan_build(stages, b);
     BufferTable table;
     std::vector<LocalUnit*> held;
     std::vector<DeviceId> mine;  // this node's devices the build touches
     for (const SourceUnit& s : b.sources) {
-      if (s.group > from.size()) throw Error("source groups must come in order");
-      if (s.group == from.size()) {
-        from.push_back(collection_of(s.unit));
-        from.back().units.clear();
-      }
-      Collection c = collection_of(s.unit);
-      if (c.model_stage != from[s.group].model_stage) throw Error("a source group mixes model-stages");
-      from[s.group].units.push_back(c.units[0]);
       for (const PeerInfo::Buffer& x : s.buffers) {
         const auto owner = static_cast<PeerId>(static_cast<int>(x.device) / per);
         table.bind({s.group, x.device, x.buffer, x.slot}, {x.address, x.bytes, owner, x.kind});
@@ -286,11 +275,6 @@ struct NodeJob::State {
       }
     std::sort(mine.begin(), mine.end());
     mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
-    // The plan the coordinator derived too (JobDriver::senders): the same pure function of
-    // the same units, so every node of the build binds its side of the same messages.
-    const Collection target_one = target ? target->one : collection_of(b.unit);
-    if (target_one.units.empty() || (!target && b.unit.id != b.target)) throw Error("unit-build: the target's description is missing");
-    const ReshardPlan plan = plan_reshard(from, target_one);
     ExecutorOptions eo;
     eo.self = static_cast<PeerId>(rank);
     eo.two_sided = two_sided;  // GPU daemons: IPC peers keep their gets (link_path)
