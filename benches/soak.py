@@ -14,6 +14,10 @@ be lost: the job must recover and verify every unit. A cycle counts as
 - a hang when the job does not answer within its limit;
 - verified when the job ends on a collection whose every unit checks against the fill.
 
+stuck_survivors counts surviving daemons that held a job part left behind when they were
+stopped (a build that would not stop keeps its units' memory until the daemon restarts;
+the daemon says so as it stops).
+
 lost_bytes adds, for every cycle that did not verify, the bytes the undisturbed job
 verifies. Detection is from the signal to the coordinator noticing the loss (the job's
 `noticed_at`), recovery from noticing to the end of the recovery's transition; both only
@@ -38,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from daemon_harness import JOB_SPREAD, JOB_SPREAD_TO, start, stop_all, token_file  # noqa: E402
 
 SANITIZER = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:")
+STUCK = re.compile(r"leaving a transfer that would not stop behind")
 
 
 def status(nereus, coord, token):
@@ -99,7 +104,7 @@ def main():
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="nereus-soak-")
     token = token_file(work, "token", "soak-" + os.urandom(8).hex())
-    out = {"transport": a.transport, "cycles": 0, "crashes": 0, "hangs": 0, "verified": 0, "lost_bytes": 0, "misses": 0}
+    out = {"transport": a.transport, "cycles": 0, "crashes": 0, "hangs": 0, "verified": 0, "lost_bytes": 0, "misses": 0, "stuck_survivors": 0}
     detect, recover, notes = [], [], []
     detect_by = {"SIGKILL": [], "SIGSTOP": []}
     phases = {}  # where the job noticed each loss
@@ -153,7 +158,10 @@ def main():
                     notes.append(f"{what}: node {rank} stopped with {p.returncode}")
             for rank, log in logs.items():
                 log.seek(0)
-                if SANITIZER.search(log.read()):
+                text = log.read()
+                if rank != victim:
+                    out["stuck_survivors"] += bool(STUCK.search(text))
+                if SANITIZER.search(text):
                     crashed = True
                     notes.append(f"{what}: a sanitizer report in node {rank}'s log")
             out["crashes"] += crashed

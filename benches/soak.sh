@@ -7,6 +7,7 @@
 # cycles that failed, NEREUS_SOAK_TRANSPORT=ucx-tag runs the job's builds two-sided. Not in CI. Ends with one JSON line: cycles, crashes, hangs, verified
 # (cycles), lost_bytes, misses (signals after the job's end), detect_seconds_median,
 # detect_seconds_max, the median per signal, phases (where the job noticed each loss),
+# stuck_survivors (survivors that held a job part left behind when stopped),
 # recover_seconds_median.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -92,6 +92,16 @@ def cluster_job(coord, *args, token=TOKEN, timeout=300):
     return r.returncode, out, r.stderr
 
 
+def stuck_parts(metrics_addr, settle=0):
+    """A daemon's nereus_stuck_parts (-1 when unreadable), after `settle` seconds: a node
+    closes its job part after the job's report, and gives a stuck build 2 s to stop."""
+    time.sleep(settle)
+    if not metrics_addr:
+        return -1
+    m = re.search(r"nereus_stuck_parts\{[^}]*\} (\d+)", http_get(metrics_addr, "/metrics"))
+    return int(m.group(1)) if m else -1
+
+
 def step1(report):
     """A job report's first step."""
     return (report.get("steps") or [{}])[0]
@@ -425,6 +435,11 @@ try:
           and j.get("verified") is True and not devices_of(j.get("plan") or {"x": "devices=4"}) & {4, 5},
           f"ucx-tag: a daemon killed mid-graph is named, the job recovers on the survivors and verifies "
           f"({step1(j).get('transition', {}).get('error')} {j.get('error')} {err.strip()[-300:]})")
+    # The survivors' sends to the dead node (and to a survivor whose aborted build no longer
+    # receives them) never complete: they are abandoned, so no part of the job stays behind.
+    check(stuck_parts(metrics, 3) == 0 and stuck_parts(node1_metrics) == 0,
+          f"ucx-tag: after the kill no job part is left behind on the survivors "
+          f"(nereus_stuck_parts {stuck_parts(metrics)}, {stuck_parts(node1_metrics)})")
     rc, _, err = cluster_job(addr, "--transport", "ucx-gets")
     check(rc != 0 and "--transport" in err, f"cluster job --transport: an unknown transport is one error ({err.strip()[-200:]})")
     j = wait_status(addr, lambda j: not member(j, 2).get("alive", True), timeout=10)
@@ -441,6 +456,19 @@ try:
     nodes[2].p.send_signal(signal.SIGCONT)
     j = wait_status(addr, lambda j: member(j, 2).get("alive") and member(j, 2).get("joins", 0) > joins, timeout=10)
     check(j is not None, "the thawed node 2 rejoins")
+    # The same under two-sided builds: the survivors' sends to the frozen node are abandoned
+    # (before, each survivor left its job part, arenas' units and all, behind for good).
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--inject-freeze-node", "2",
+                             "--transport", "ucx-tag")
+    f = failure1(j)
+    check(rc == 0 and f.get("lost_nodes") == [2] and j.get("verified") is True and stuck_parts(metrics, 3) == 0
+          and stuck_parts(node1_metrics) == 0,
+          f"ucx-tag: a daemon frozen mid-graph is lost, the job recovers and verifies, no part is left behind on the "
+          f"survivors (nereus_stuck_parts {stuck_parts(metrics)}, {stuck_parts(node1_metrics)}; {err.strip()[-300:]})")
+    joins = member(status(addr)[1], 2).get("joins", 0)
+    nodes[2].p.send_signal(signal.SIGCONT)
+    j = wait_status(addr, lambda j: member(j, 2).get("alive") and member(j, 2).get("joins", 0) > joins, timeout=10)
+    check(j is not None, "the thawed node 2 rejoins after the ucx-tag freeze")
 
     # Nodes lost while no graph runs: a recovery too, not a failed request.
     spread = JOB_SPREAD  # every model-stage has a replica off node 2

@@ -149,11 +149,11 @@ TEST_CASE("two-sided schedule: sender and receiver derive the same messages per 
 
 TEST_CASE("two-sided tags: a message's tag names its run, link and ordinal, none shared") {
   std::set<std::uint64_t> seen;
-  for (std::uint32_t run : {0u, 1u, 255u})
-    for (DeviceId s : {0, 1, 1023})
-      for (DeviceId d : {0, 7, 65535})
-        for (std::uint32_t k : {0u, 1u, (1u << 24) - 1}) CHECK(seen.insert(message_tag(run, s, d, k)).second);
-  CHECK(message_tag(256, 3, 4, 5) == message_tag(0, 3, 4, 5));  // runs wrap after 256
+  for (std::uint32_t run : {0u, 1u, 255u, 256u, 65535u})
+    for (DeviceId s : {0, 1, 1023, kTagDevices - 1})
+      for (DeviceId d : {0, 7, kTagDevices - 1})
+        for (std::uint32_t k : {0u, 1u, static_cast<std::uint32_t>(kTagOrdinals - 1)}) CHECK(seen.insert(message_tag(run, s, d, k)).second);
+  CHECK(message_tag(65536, 3, 4, 5) == message_tag(0, 3, 4, 5));  // runs wrap after 65,536
 }
 
 TEST_CASE("two-sided binding needs a transport with tagged messages") {
@@ -289,6 +289,23 @@ TEST_CASE("a remote transport without gets moves links as messages without being
   CHECK(report.sent_bytes == plan.summary().moved_bytes);
   CHECK(report.link_bytes == plan.summary().moved_bytes);
   CHECK(testing::landed_as_planned(transfers, w.table));
+  shut_down(io, ucx);
+}
+
+TEST_CASE("two-sided tags: a device beyond the tags' range is one clear error at bind") {
+  const auto plan = plan_reshard(coll("tp=2,pp=1,dp=1"), coll("tp=1,pp=1,dp=2,devices=16383:16384"));
+  asio::io_context io;
+  UcxTransport ucx(io);
+  TagsOnly tags(ucx);
+  LocalTransport local({1, 4096});
+  ExecutorOptions o;
+  o.two_sided = true;
+  o.self = 0;
+  auto owner = [](DeviceId d) { return static_cast<PeerId>(d >= 2); };
+  Executor ex(local, &tags, owner, o);
+  const auto transfers = plan.transfers();
+  CHECK(testing::has(error_of([&] { ex.bind(transfers, plan.target(), table_of(plan, owner, 0)); }),
+                     "two-sided tags name devices below 16384"));
   shut_down(io, ucx);
 }
 
@@ -486,4 +503,52 @@ TEST_CASE("two-sided tags: a binding's first run takes the run number asked for,
   std::vector<std::uint64_t> shared;
   std::set_intersection(build7.begin(), build7.end(), build8.begin(), build8.end(), std::back_inserter(shared));
   CHECK(shared.empty());
+}
+
+TEST_CASE("ucx: a tagged send nobody takes is abandoned, its post ending as cancelled; receives are not") {
+  // A send UCX cannot cancel: its peer (here a second worker that never receives it) is
+  // lost or aborted. abandon_sends() ends the wait, so its owner can free its memory.
+  asio::io_context io;
+  UcxTransport a(io), b(io);
+  REQUIRE(a.connect(1, b.address()).is_ok());
+  REQUIRE(b.connect(0, a.address()).is_ok());
+  std::vector<std::byte> big(16 << 20, std::byte{7}), into(4096);
+  auto list = [](Op op, PeerId peer, std::uint64_t tag, std::byte* p, std::size_t n) {
+    DescriptorList l;
+    l.op = op;
+    l.peer = peer;
+    l.tag = tag;
+    const auto at = reinterpret_cast<std::uint64_t>(p);
+    l.segments.push_back({op == Op::send ? at : 0, op == Op::recv ? at : 0, n});
+    return l;
+  };
+  std::optional<Status> sent, received;
+  asio::cancellation_signal stop_send, stop_recv;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> { sent = co_await a.post(list(Op::send, 1, 41, big.data(), big.size())); },
+                 asio::bind_cancellation_slot(stop_send.slot(), asio::detached));
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> { received = co_await b.post(list(Op::recv, 0, 42, into.data(), into.size())); },
+                 asio::bind_cancellation_slot(stop_recv.slot(), asio::detached));
+  auto run_for = [&](std::chrono::milliseconds d) {
+    io.restart();
+    io.run_for(d);
+  };
+  run_for(std::chrono::milliseconds(200));
+  REQUIRE(!sent);  // rendezvous: waits for a receive that never comes
+  REQUIRE(!received);
+  stop_send.emit(asio::cancellation_type::terminal);  // what an aborted run does first
+  run_for(std::chrono::milliseconds(200));
+  CHECK(!sent);  // UCX does not cancel a send
+  CHECK(b.abandon_sends() == 0);  // a receive is never abandoned: it writes its buffer
+  CHECK(a.abandon_sends() == 1);
+  run_for(std::chrono::milliseconds(50));
+  REQUIRE(sent);
+  CHECK(sent->code() == StatusCode::abandoned);
+  CHECK(a.abandon_sends() == 0);  // once
+  stop_recv.emit(asio::cancellation_type::terminal);  // a receive cancels
+  run_for(std::chrono::milliseconds(200));
+  REQUIRE(received);
+  CHECK(received->code() == StatusCode::cancelled);
+  b.quarantine();  // its worker holds the message nobody took
+  shut_down(io, a);
+  shut_down(io, b);
 }

@@ -152,7 +152,7 @@ struct UnitBuild {
   target @0 :UInt32;          # an allocated unit
   sources @1 :List(SourceUnit);
   unit @2 :UnitDesc;          # the target unit: a node that only sends to it holds none of it
-  run @3 :UInt32;             # the build's number: its messages' tags carry it (mod 256)
+  run @3 :UInt32;             # the build's number: its messages' tags carry it (mod 2^16)
 }
 
 struct TransitionSpec {

@@ -382,8 +382,12 @@ struct NodeJob::State {
   /// Cancels running builds and waits up to `limit`; false when one would not stop.
   asio::awaitable<bool> abort(std::chrono::milliseconds limit) {
     for (Executor* e : active) e->cancel();
-    const bool stopped = co_await builds.join_within(limit);
-    co_return stopped;
+    if (co_await builds.join_within(limit)) co_return true;
+    // Two-sided builds wait on UCX sends that a lost node, or a survivor whose own build
+    // was aborted, never takes: end those waits (their buffers are read by the receiver
+    // only), so the units can be freed. What still runs then writes memory: it stays.
+    if (ucx && ucx->abandon_sends() > 0) co_return co_await builds.join_within(std::chrono::seconds(1));
+    co_return false;
   }
 };
 

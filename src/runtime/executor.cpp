@@ -103,8 +103,8 @@ std::vector<DescriptorList> chunked(const DescriptorList& l, std::size_t chunk) 
 }  // namespace
 
 std::uint64_t message_tag(std::uint32_t run, DeviceId src, DeviceId dst, std::uint32_t ordinal) {
-  return (std::uint64_t{run & 0xffu} << 56) | (static_cast<std::uint64_t>(src & 0xffff) << 40) |
-         (static_cast<std::uint64_t>(dst & 0xffff) << 24) | (ordinal & 0xffffffu);
+  return (std::uint64_t{run & 0xffffu} << 48) | (static_cast<std::uint64_t>(src & 0x3fff) << 34) |
+         (static_cast<std::uint64_t>(dst & 0x3fff) << 20) | (ordinal & 0xfffffu);
 }
 
 LinkPath link_path(bool same_device, bool same_process, const Capabilities* remote, const ExecutorOptions& options) {
@@ -231,11 +231,11 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
     op.parts = chunked(op.list, options_.chunk_bytes);
     if (op.list.op != Op::send && op.list.op != Op::recv) continue;
     const Transfer& t = transfers[op.transfer];
-    if (t.src < 0 || t.src >= (1 << 16) || t.dst < 0 || t.dst >= (1 << 16))
-      throw Error(describe(t, op.transfer) + ": two-sided tags name devices below 65536");
+    if (t.src < 0 || t.src >= kTagDevices || t.dst < 0 || t.dst >= kTagDevices)
+      throw Error(describe(t, op.transfer) + ": two-sided tags name devices below " + std::to_string(kTagDevices));
     std::uint64_t& next = (op.list.op == Op::send ? sent_on : received_on)[{t.src, t.dst}];
-    if (next + op.parts.size() > (std::uint64_t{1} << 24))
-      throw Error(describe(t, op.transfer) + ": more than 2^24 messages on its link; raise the chunk size");
+    if (next + op.parts.size() > kTagOrdinals)
+      throw Error(describe(t, op.transfer) + ": more than " + std::to_string(kTagOrdinals) + " messages on its link; raise the chunk size");
     op.first_message = static_cast<std::uint32_t>(next);
     next += op.parts.size();
   }
@@ -313,6 +313,14 @@ void Executor::give_back(Staging buffer) {
   if (spare_staging_.size() < 16) spare_staging_.push_back(std::move(buffer));
 }
 
+void Executor::keep_or_give_back(Staging buffer, const Status& posted) {
+  if (!buffer.memory) return;
+  // An abandoned send's request may still read it (a peer resuming over TCP): never
+  // reused, never freed. At most one chunk per send abandoned after an abort.
+  if (posted.code() == StatusCode::abandoned) (void)buffer.memory.release();
+  else give_back(std::move(buffer));
+}
+
 Executor::Outgoing Executor::outgoing(const BoundTransition::BoundOp& op, std::uint32_t chunk, std::uint64_t tag) {
   const DescriptorList& part = op.parts[chunk];
   const bool sends = part.op == Op::send;
@@ -363,7 +371,7 @@ asio::awaitable<Status> Executor::message(const BoundTransition::BoundOp& op, st
   if (sends && o.staged()) st = co_await copies_.post(o.copy);
   if (st) st = co_await remote_->post(std::move(o.msg));
   if (st && !sends && o.staged()) st = co_await copies_.post(o.copy);
-  if (o.buffer.memory) give_back(std::move(o.buffer));
+  keep_or_give_back(std::move(o.buffer), st);
   co_return st;
 }
 
@@ -476,8 +484,7 @@ asio::awaitable<ExecutionReport> Executor::run(const BoundTransition& bound) {
           status[i] = co_await copies_.post(outs[i].copy);
           if (!status[i]) fail(bound.ops_[round[i].op], status[i]);
         }
-      for (Outgoing& o : outs)
-        if (o.buffer.memory) give_back(std::move(o.buffer));
+      for (std::size_t i = 0; i < outs.size(); ++i) keep_or_give_back(std::move(outs[i].buffer), status[i]);
       if (!error.empty()) co_return;
       for (const auto& p : round) {
         const BoundOp& op = bound.ops_[p.op];

@@ -146,6 +146,9 @@ asio::awaitable<bool> Participant::abort(std::chrono::milliseconds limit) {
   quarantine();  // aborted because a peer failed: its requests may never complete
   if (ex_) ex_->cancel();
   stuck_ = !co_await scope_.join_within(limit);
+  // Tagged sends a dead peer (or one that aborted too) never takes: ended, since only their
+  // receiver reads their buffers (UcxTransport::abandon_sends).
+  if (stuck_ && ucx_ && ucx_->abandon_sends() > 0) stuck_ = !co_await scope_.join_within(std::chrono::seconds(1));
   co_return !stuck_;
 }
 

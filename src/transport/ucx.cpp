@@ -34,6 +34,7 @@ struct UcxBatch {
   std::set<void*> requests;  // in flight, for cancellation
   std::uint64_t expected = 0;     // a recv's message length
   std::vector<std::byte> sink;    // where a recv puts a message longer than expected
+  bool sends = false;             // a tagged send (abandon_sends)
   void finish_if_done();
 };
 
@@ -297,6 +298,24 @@ void UcxTransport::close_endpoints(std::chrono::milliseconds limit) {
 
 void UcxTransport::quarantine() { impl_->quarantined = true; }
 
+std::size_t UcxTransport::abandon_sends() {
+  Impl& x = *impl_;
+  std::size_t ended = 0;
+  for (auto& [ptr, b] : x.batches) {
+    if (!b->sends || !b->done || b->posting || b->remaining == 0) continue;
+    // The batch stays in `batches` (a late callback finds it); finish_if_done() no longer
+    // completes or counts it.
+    x.quarantined = true;
+    if (b->registered) {
+      b->registered = false;
+      --x.in_flight;
+    }
+    std::exchange(b->done, nullptr)->complete({StatusCode::abandoned, "ucx: a tagged send its peer never took was abandoned"});
+    ++ended;
+  }
+  return ended;
+}
+
 // Waits for both loops to exit: they use the worker, which the destructor destroys (a
 // daemon runs many transitions in one event loop, so they must be gone, not just told).
 asio::awaitable<void> UcxTransport::shutdown() {
@@ -492,6 +511,7 @@ struct Initiate {
       return fail({StatusCode::invalid, "ucx: no rkey for device " + std::to_string(list.remote_device) + " of peer " +
                                             std::to_string(list.peer)});
     x.batches.emplace(batch.get(), batch);
+    batch->sends = list.op == Op::send;
     batch->registered = true;
     ++x.in_flight;
     if (slot.is_connected())

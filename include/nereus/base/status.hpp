@@ -6,7 +6,10 @@
 namespace nereus {
 
 /// Outcome of a data-path operation.
-enum class StatusCode { ok, not_supported, cancelled, invalid, peer_failed, io_error, timed_out };
+/// `abandoned`: the transport stopped waiting for a request it could not cancel (a send
+/// its peer never takes); the request may still read its buffer, so the caller must
+/// neither reuse nor free memory it owns for it (UcxTransport::abandon_sends).
+enum class StatusCode { ok, not_supported, cancelled, invalid, peer_failed, io_error, timed_out, abandoned };
 
 /// A status code and, when not ok, what went wrong.
 class [[nodiscard]] Status {

@@ -72,10 +72,14 @@ struct Message {
   std::uint32_t chunk = 0;
 };
 
-/// The tag of a message: run (mod 256), source and destination device (< 2^16), ordinal
-/// on that link (< 2^24). Unique per transition and run, so it also names its sender; a
-/// message left over from an aborted run never matches the next run's receives.
+/// The tag of a message: run (mod 2^16), source and destination device (< kTagDevices),
+/// ordinal on that link (< kTagOrdinals). Unique per transition and run, so it also names
+/// its sender; a message left over from an aborted run matches no run until 65,536 runs
+/// later. Runs get the most bits since they are what can repeat within one transport's
+/// life: a job's builds each take one (docs/cluster.md, "Two-sided builds").
 std::uint64_t message_tag(std::uint32_t run, DeviceId src, DeviceId dst, std::uint32_t ordinal);
+inline constexpr DeviceId kTagDevices = 1 << 14;
+inline constexpr std::uint64_t kTagOrdinals = std::uint64_t{1} << 20;
 
 /// When one transfer ran (seconds from the start of the run).
 struct TransferTiming {
@@ -192,6 +196,8 @@ class Executor {
   };
   Staging staging(std::size_t bytes);
   void give_back(Staging buffer);
+  /// Gives back a message's staging, unless its post was abandoned (then it is leaked).
+  void keep_or_give_back(Staging buffer, const Status& posted);
 
   Transport& copies_;
   Transport* remote_;

@@ -32,6 +32,8 @@
 //   ucp_worker_destroy → ucp_ep_purge_lanes, UCX 1.13). The destructor then closes
 //   nothing and destroys nothing: the context, worker and registrations stay alive,
 //   unprogressed, until the process ends (a few MB per quarantined transport).
+// - Abandoned sends (abandon_sends()): their posts have completed, their requests and
+//   batches stay with the quarantined worker, so a late callback finds them.
 #include <chrono>
 #include <map>
 #include <memory>
@@ -87,6 +89,16 @@ class UcxTransport final : public Transport, public ArenaSource {
   /// The owner aborted work that may involve a dead or frozen peer: never destroy the
   /// worker (see "Lifetimes" above).
   void quarantine();
+  /// The owner aborted work, and some of its tagged sends did not end when cancelled (UCX
+  /// cannot cancel a send; one whose peer died, or no longer receives it, stays pending for
+  /// good): their posts complete now as `abandoned`, while UCX keeps the requests, and the
+  /// transport is quarantined. Returns how many posts it ended. Only sends: with UCX's
+  /// shared-memory rendezvous the receiver reads the source, so a send left pending never
+  /// touches its buffer, which the owner may then free; over TCP, a peer that resumes
+  /// could still ask for it, so memory that is the caller's own (staging) is never reused
+  /// or freed (StatusCode::abandoned). Gets and receives write their destination and stay
+  /// waited for (see "Lifetimes" above).
+  std::size_t abandon_sends();
 
   struct Impl;
 
