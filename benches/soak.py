@@ -98,7 +98,7 @@ def main():
     ap.add_argument("cycles", nargs="?", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep-logs", default="")
-    ap.add_argument("--transport", default="ucx", choices=["ucx", "ucx-tag"], help="how the job's builds move bytes (cluster job --transport)")
+    ap.add_argument("--transport", default="ucx-tag", choices=["ucx", "ucx-tag"], help="how the job's builds move bytes (cluster job --transport)")
     a = ap.parse_args()
     nereus, nereusd = os.path.join(a.build, "src", "nereus"), os.path.join(a.build, "src", "nereusd")
     rng = random.Random(a.seed)

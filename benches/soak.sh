@@ -4,7 +4,8 @@
 # recover, verify (benches/soak.py says how each cycle is judged). Under ASan + UBSan by
 # default (the build-asan tree scripts/test.sh builds); NEREUS_BUILD=DIR soaks another
 # build, NEREUS_SOAK_SEED picks the random moments, NEREUS_SOAK_LOGS=DIR keeps the logs of
-# cycles that failed, NEREUS_SOAK_TRANSPORT=ucx-tag runs the job's builds two-sided. Not in CI. Ends with one JSON line: cycles, crashes, hangs, verified
+# cycles that failed, NEREUS_SOAK_TRANSPORT=ucx runs the job's builds as gets (default
+# ucx-tag, two-sided, as cluster job's default). Not in CI. Ends with one JSON line: cycles, crashes, hangs, verified
 # (cycles), lost_bytes, misses (signals after the job's end), detect_seconds_median,
 # detect_seconds_max, the median per signal, phases (where the job noticed each loss),
 # stuck_survivors (survivors that held a job part left behind when stopped),
@@ -22,4 +23,4 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/scripts/lsan.supp}
 exec /usr/bin/python3 benches/soak.py "$dir" "$cycles" --seed "${NEREUS_SOAK_SEED:-1}" --keep-logs "${NEREUS_SOAK_LOGS:-}" \
-  --transport "${NEREUS_SOAK_TRANSPORT:-ucx}"
+  --transport "${NEREUS_SOAK_TRANSPORT:-ucx-tag}"

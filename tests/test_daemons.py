@@ -390,10 +390,10 @@ try:
     mm = re.search(r'nereus_decisions_total\{outcome="admitted"\} (\d+)', text)
     check(mm is not None and int(mm.group(1)) >= 1, "metrics: the controller's decisions, by outcome")
     check(re.search(r'nereus_job_units\{model_stage="actor/train"\} [1-9]', text) is not None, "metrics: units per model-stage")
-    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--transport", "ucx")
     t = step1(j).get("transition", {})
     check(rc == 0 and t.get("completed") is True and j.get("plan") == JOB_TO and j.get("verified") is True,
-          f"cluster job --to: the graph ran across the daemons, the new plan verifies ({t.get('error')} {err.strip()[-300:]})")
+          f"cluster job --to --transport ucx: the graph ran across the daemons as gets, the new plan verifies ({t.get('error')} {err.strip()[-300:]})")
     kinds = {n["kind"] for n in t.get("graph_nodes", [])}
     check(len(t.get("graph_nodes", [])) == t.get("builds", -1) + t.get("destroys", -1) and "destroy" in kinds and len(kinds) >= 3,
           f"every node of the graph ran ({sorted(kinds)})")
@@ -418,15 +418,15 @@ try:
     j = wait_status(addr, lambda j: j.get("alive") == 3)
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
     check(rc == 0 and j.get("verified") is True and j.get("plan") == JOB_TO, f"after a rejoin the job runs over node 2 again ({err.strip()[-300:]})")
-    # Two-sided builds: links between nodes as UCX tagged messages, the sending nodes
-    # taking part. Every byte that crossed between nodes was sent by its source's node,
-    # and builds run concurrently on one worker per node with tags of their own.
-    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--transport", "ucx-tag")
+    # Two-sided builds (the default, ucx-tag): links between nodes as UCX tagged messages,
+    # the sending nodes taking part. Every byte that crossed between nodes was sent by its
+    # source's node, and builds run concurrently on one worker per node with tags of their own.
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO))
     t = step1(j).get("transition", {})
     across = sum(l["bytes"] for l in t.get("links", []) if l["src_node"] != l["dst_node"])
     check(rc == 0 and t.get("completed") is True and j.get("plan") == JOB_TO and j.get("verified") is True
           and across > 0 and t.get("sent_bytes") == across,
-          f"cluster job --transport ucx-tag: the graph ran as messages, {t.get('sent_bytes')} bytes sent = {across} received "
+          f"cluster job (default --transport ucx-tag): the graph ran as messages, {t.get('sent_bytes')} bytes sent = {across} received "
           f"across nodes, every unit verifies ({t.get('error')} {err.strip()[-300:]})")
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--transport", "ucx-tag",
                              "--inject-kill-node", "2")

@@ -36,7 +36,7 @@ struct JobArgs {
   bool no_verify = false, json = false, node_steps = false, overlap = false;
   int kill_node = -1, freeze_node = -1;
   unsigned steps = 1;
-  std::string inject_at, transport = "ucx";
+  std::string inject_at, transport = "ucx-tag";
 };
 
 #ifdef NEREUS_HAVE_CLUSTER
@@ -232,8 +232,8 @@ void add_cluster_command(CLI::App& app) {
                                           "the old units (the new plan holds from step k+2); builds that read training state, "
                                           "and destroys, wait for the step's end")
       ->needs("--node-steps");
-  job->add_option("--transport", j->transport, "how builds move bytes between host-memory daemons: ucx (gets the receiving node "
-                                               "runs, default) or ucx-tag (tagged messages, the sending nodes taking part); "
+  job->add_option("--transport", j->transport, "how builds move bytes between host-memory daemons: ucx-tag (tagged messages, "
+                                               "the sending nodes taking part; default) or ucx (gets the receiving node runs); "
                                                "GPU daemons use CUDA IPC inside a machine and staged ucx-tag across machines")
       ->check(CLI::IsMember({"ucx", "ucx-tag"}));
   job->add_flag("--no-verify", j->no_verify, "skip checking every unit's bytes against the fill at the end");
