@@ -108,6 +108,11 @@ def member_errors():
         check(False, "a missing token file is refused")
     except nereus.Error as e:
         check("/no/such/token" in str(e), f"a missing token file is named ({e})")
+    try:
+        nereus.Member(coordinator="127.0.0.1:1", rank=1, nodes=2, token_file=TOKEN, memory="tpu")
+        check(False, "memory other than host or cuda is refused")
+    except nereus.Error as e:
+        check("'tpu'" in str(e), f"memory other than host or cuda is named ({e})")
     m = nereus.Member(coordinator="127.0.0.1:1", rank=1, nodes=2, token_file=TOKEN, join_timeout_ms=300)
     try:
         m.report(stage_seconds={"actor/train": 1.0})

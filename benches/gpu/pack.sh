@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the GPU suite, the GPU bench, the nereus command and nereusd here (CUDA found under /usr/local/cuda) and gathers them,
+# Builds the GPU suite, the GPU bench and framework node, the nereus command and nereusd here (CUDA found under /usr/local/cuda) and gathers them,
 # with every shared library they need beyond the C library and the NVIDIA driver, into one
 # folder for a bare GPU machine (no Debian dev packages, no network, 64 MiB carried):
 #   bash benches/gpu/pack.sh [OUT]   (default build-gpu-pack; NEREUS_BUILD=build)
@@ -19,7 +19,7 @@ if [ -z "$pack_py" ]; then
     "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { pack_py=$(command -v "$c"); break; }
   done
 fi
-targets=(tests/test-gpu benches/gpu_bench src/nereus src/nereusd)
+targets=(tests/test-gpu benches/gpu_bench benches/gpu_member src/nereus src/nereusd)
 if [ -n "$pack_py" ]; then
   meson configure "$build" -Dpack_python="$pack_py" >/dev/null
   suffix=$("$pack_py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
@@ -28,10 +28,10 @@ fi
 ninja -C "$build" "${targets[@]}" >/dev/null
 rm -rf "$out"
 mkdir -p "$out/lib"
-cp "$build/tests/test-gpu" "$build/benches/gpu_bench" "$build/src/nereus" "$build/src/nereusd" "$out/"
-strip "$out/nereus" "$out/nereusd" "$out/test-gpu" "$out/gpu_bench"
-cp benches/gpu/torch_units.py "$out/"
-exes=("$out/test-gpu" "$out/gpu_bench" "$out/nereus" "$out/nereusd")
+cp "$build/tests/test-gpu" "$build/benches/gpu_bench" "$build/benches/gpu_member" "$build/src/nereus" "$build/src/nereusd" "$out/"
+strip "$out/nereus" "$out/nereusd" "$out/test-gpu" "$out/gpu_bench" "$out/gpu_member"
+cp benches/gpu/torch_units.py benches/gpu/member_job.sh "$out/"
+exes=("$out/test-gpu" "$out/gpu_bench" "$out/gpu_member" "$out/nereus" "$out/nereusd")
 if [ -n "$pack_py" ]; then
   mkdir -p "$out/python/nereus"
   cp python/nereus/__init__.py "$out/python/nereus/"

@@ -8,10 +8,13 @@
 #    "staged_ucx_tag": {...},   (GPU memory across two processes over UCX tagged messages,
 #    staged through page-locked host memory: the path between machines without CUDA-aware UCX)
 #    "nccl": {"library": path, "one_process": {...}, "two_processes": {...} or why not},
-#    "daemons": {"ipc": {...}, "staged_ucx_tag": {...}, "job": {...}, "job_two_machines": {...}},   (the same reshard across two
+#    "daemons": {"ipc": {...}, "staged_ucx_tag": {...}, "job": {...}, "job_two_machines": {...},
+#                "member": {...}, "member_two_machines": {...}},   (the same reshard across two
 #    nereusd on this machine: CUDA IPC between the daemons, then UCX tagged messages staged through
-#    host memory; and `cluster job` with the daemons' devices in GPU memory, --devices cuda:4,
-#    on one machine and as two machines, --machine)
+#    host memory; `cluster job` with the daemons' devices in GPU memory, --devices cuda:4,
+#    on one machine and as two machines, --machine; and member_job.sh: a framework node on
+#    GPU devices whose units are its own cudaMalloc sub-allocations (adopted), read by the
+#    other daemon through CUDA IPC, then as two machines through staged UCX messages)
 #    "python": {...},   (torch_units.py: the Python module over a job in GPU memory, the
 #    machine's torch computing on the units through DLPack, round trips bit for bit)
 #    "mixed": {...}}   (4 processes as 2 emulated machines: CUDA IPC inside each, UCX tagged
@@ -121,6 +124,11 @@ step daemons_job_two_machines "$daemons_job2"
 stop_daemons
 case "$daemons_job2" in \{*) ;; *) daemons_job2="{\"error\": \"$(echo "$daemons_job2" | tr -d '"\n'); daemon logs: $(daemon_logs)\"}" ;; esac
 rm -rf "$work"
+# A framework node (gpu_member) whose units are its own GPU memory, inside cudaMalloc blocks.
+member_json=$(timeout "$(limit 120)" bash "$here/member_job.sh" cuda "$here" 2>&1 | tail -1)
+step member "$member_json"
+member2_json=$(timeout "$(limit 120)" bash "$here/member_job.sh" cuda "$here" other-machine 2>&1 | tail -1)
+step member_two_machines "$member2_json"
 # The Python module (built for Python 3.12) over a job in GPU memory, computed on by this
 # machine's torch (torch_units.py). First with the machine's own C++ runtime (its torch may
 # need a newer one than ours), then with ours if that one is too old for the module.
@@ -132,7 +140,7 @@ else
   py_json='{"not_packed": "no Python 3.12 where the pack was built"}'
 fi
 step python "$py_json"
-python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" "$daemons_job" "$daemons_job2" <<'PY'
+python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" "$daemons_job" "$daemons_job2" "$member_json" "$member2_json" <<'PY'
 import json, sys
 rc, log = int(sys.argv[1]), open(sys.argv[2]).read()
 def parsed(text):
@@ -147,7 +155,7 @@ if one.get("gbps") and two.get("gbps"):
 nccl = {"library": sys.argv[9], "one_process": nccl_one, "two_processes": nccl_two}
 mixed = parsed(sys.argv[10])
 daemons = {"ipc": parsed(sys.argv[11]), "staged_ucx_tag": parsed(sys.argv[12]), "job": parsed(sys.argv[14]),
-           "job_two_machines": parsed(sys.argv[15])}
+           "job_two_machines": parsed(sys.argv[15]), "member": parsed(sys.argv[16]), "member_two_machines": parsed(sys.argv[17])}
 python = parsed(sys.argv[13])
 print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl,
                   "mixed": mixed, "daemons": daemons, "python": python}))

@@ -81,6 +81,7 @@ class CudaDevice final : public Device {
     if (arena()) cudaFree(arena());
   }
   MemoryKind kind() const override { return MemoryKind::cuda; }
+  int gpu() const override { return gpu_; }
   std::unique_ptr<DeviceQueue> make_queue() override { return std::make_unique<CudaQueue>(id(), gpu_); }
   void upload(std::byte* dst, const std::byte* host, std::size_t n) override {
     use_gpu(id(), gpu_);

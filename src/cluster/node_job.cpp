@@ -109,10 +109,6 @@ struct NodeJob::State {
 
   PeerInfo open(const JobOpen& m) {
     if (job) throw Error(me() + " already holds a job");
-    if (on_gpus()) {  // views handed to a framework, and adopted buffers, are host memory today
-      if (host) throw Error(me() + ": a framework's steps on CUDA devices (--devices cuda:N) are not supported yet");
-      if (!adopt.empty()) throw Error(me() + ": adopt: the framework's memory on CUDA devices (--devices cuda:N) is not supported yet");
-    }
     if (m.devices_per_node < 1) throw Error("devices per node must be positive");
     job = std::make_shared<const JobSpec>(parse_job(m.job, "the job"));
     stages = model_stages(*job);
@@ -150,12 +146,18 @@ struct NodeJob::State {
     for (const AdoptedBuffer& a : adopt) {
       const Device* dev = device(a.device);
       if (!dev) throw Error(me() + ": adopt: device " + std::to_string(a.device) + " is not one of its devices");
-      if (dev->kind() != MemoryKind::host)
-        throw Error(me() + ": adopt: device " + std::to_string(a.device) + " is not host memory (adopted buffers are)");
+      if (dev->kind() != a.kind)
+        throw Error(me() + ": adopt: device " + std::to_string(a.device) + " is " + std::string(to_string(dev->kind())) +
+                    " memory, and the framework's buffer " + a.buffer + " " + std::string(to_string(a.kind)) + " memory");
+      if (a.kind == MemoryKind::cuda && a.gpu != dev->gpu())
+        throw Error(me() + ": adopt: device " + std::to_string(a.device) + " is on GPU " + std::to_string(dev->gpu()) +
+                    ", and the framework's buffer " + a.buffer + " on GPU " + std::to_string(a.gpu));
       bool known = false;
       for (const ModelStage& st : stages) known = known || st.name() == a.model_stage;
       if (!known) throw Error(me() + ": adopt: '" + a.model_stage + "' is not a model-stage of the job");
-      regs.push_back(ucx->register_memory({a.data, a.bytes, a.device, MemoryKind::host}));
+      // GPU memory: its allocation's IPC handle for daemons of this machine (the cuda
+      // transport finds the allocation holding the tensor); messages stage it elsewhere.
+      regs.push_back(remote().register_memory({a.data, a.bytes, a.device, a.kind}));
       info.regions.push_back({a.device, regs.back().remote_key, reinterpret_cast<std::uint64_t>(a.data), a.bytes});
     }
     return info;
@@ -180,8 +182,9 @@ struct NodeJob::State {
         log(LogLevel::warn, "job", "{}: no endpoint to node {}: {}", me(), w.rank, st.message());
         continue;
       }
-      for (const auto& reg : w.regions)
-        if (Status st = remote().add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
+      for (const auto& reg : w.regions)  // an adopted buffer's key covers its own range only
+        if (Status st = remote().add_remote_region(w.rank, reg.device, reg.key, reg.base, reg.size); !st)
+          throw Error(st.message());
     }
   }
 
@@ -219,7 +222,8 @@ struct NodeJob::State {
                                 : adopted_for(adopt, u.model_stage, replica, b, buffer_name(*unit.one.model, b.key.buffer, b.packing));
       if (k >= 0) {
         adopted[static_cast<std::size_t>(k)] = 1;
-        unit.memory.push_back(DeviceBuffer::borrow(adopt[static_cast<std::size_t>(k)].data, adopt[static_cast<std::size_t>(k)].bytes));
+        const AdoptedBuffer& a = adopt[static_cast<std::size_t>(k)];
+        unit.memory.push_back(DeviceBuffer::borrow(a.data, a.bytes, a.kind));
       } else {
         unit.memory.push_back(dev->allocate(b.bytes(), u.model_stage + " unit " + std::to_string(u.id)));
       }
@@ -324,8 +328,14 @@ struct NodeJob::State {
       if (it == units.end()) continue;  // no GPU of it on this node
       if (it->second.building) throw Error("unit " + std::to_string(u.id) + " is still being built");
       const LocalUnit& lu = it->second;
-      NodeUnit v{u.id, u.model_stage, static_cast<int>(u.replica), lu.one.units[0], lu.buffers, {}};
-      for (const DeviceBuffer& m : lu.memory) v.memory.emplace_back(m.data(), m.size());
+      NodeUnit v{u.id, u.model_stage, static_cast<int>(u.replica), lu.one.units[0], lu.buffers, {}, MemoryKind::host, {}};
+      for (std::size_t b = 0; b < lu.memory.size(); ++b) {
+        const DeviceBuffer& m = lu.memory[b];
+        v.memory.emplace_back(m.data(), m.size());
+        v.kind = m.kind();
+        const Device* dev = device(lu.buffers[b].key.device);
+        v.gpu.push_back(dev ? dev->gpu() : 0);
+      }
       ns.units.push_back(std::move(v));
     }
     ++stepping;

@@ -49,7 +49,7 @@ cluster::DaemonOptions options_of(const std::string& coordinator, std::optional<
                                   const std::optional<std::string>& token_file, int devices, py::handle capacity,
                                   const std::string& listen, const std::optional<std::string>& advertise,
                                   const std::optional<std::string>& metrics, int heartbeat_ms, int dead_after_ms,
-                                  int join_timeout_ms) {
+                                  int join_timeout_ms, const std::string& memory) {
   cluster::DaemonOptions o;
   cluster::LaunchArgs l;
   l.coordinator = coordinator;
@@ -60,6 +60,8 @@ cluster::DaemonOptions options_of(const std::string& coordinator, std::optional<
   o.token = cluster::load_token(token_file.value_or(""));
   if (devices < 1) throw Error("devices: at least one, got " + std::to_string(devices));
   o.devices = devices;
+  if (memory != "host" && memory != "cuda") throw Error("memory must be 'host' or 'cuda', not '" + memory + "'");
+  o.device_kind = memory == "cuda" ? MemoryKind::cuda : MemoryKind::host;
   o.device_capacity = py::isinstance<py::int_>(capacity) ? capacity.cast<std::uint64_t>() : parse_capacity(py::str(capacity).cast<std::string>());
   if (advertise) o.advertise = cluster::parse_endpoint(*advertise, "advertise");
   if (metrics) o.metrics = cluster::parse_endpoint(*metrics, "metrics");
@@ -68,6 +70,18 @@ cluster::DaemonOptions options_of(const std::string& coordinator, std::optional<
   o.dead_after = cluster::Millis(dead_after_ms);
   o.join_limit = cluster::Millis(join_timeout_ms);
   return o;
+}
+
+/// The unit's shards on this node; GPU memory is exported as its GPU's (kDLCUDA).
+std::vector<ShardView> views_of(const NodeUnit& u) {
+  std::vector<ShardView> views = shard_views(u.buffers, u.memory);
+  std::map<DeviceId, int> gpu;
+  for (std::size_t b = 0; b < u.buffers.size() && b < u.gpu.size(); ++b) gpu[u.buffers[b].key.device] = u.gpu[b];
+  for (ShardView& v : views) {
+    v.kind = u.kind;
+    v.gpu = gpu[v.device];
+  }
+  return views;
 }
 
 }  // namespace
@@ -83,7 +97,7 @@ void bind_member(py::module_& m) {
       .def(
           "shards",
           [](const PyNodeUnit& u, std::optional<std::string> slot) {
-            return shards_of(u.owner, *u.job, u.unit.model_stage, shard_views(u.unit.buffers, u.unit.memory), slot);
+            return shards_of(u.owner, *u.job, u.unit.model_stage, views_of(u.unit), slot);
           },
           py::arg("slot") = "param", "Its shards on this node of one slot (None: every slot), buffer by buffer.")
       .def("__repr__", [](const PyNodeUnit& u) {
@@ -106,9 +120,9 @@ void bind_member(py::module_& m) {
       .def(py::init([](const std::string& coordinator, std::optional<int> rank, std::optional<int> nodes,
                        std::optional<std::string> token_file, int devices, py::object capacity, const std::string& listen,
                        std::optional<std::string> advertise, std::optional<std::string> metrics, int heartbeat_ms,
-                       int dead_after_ms, int join_timeout_ms, py::object adopt) {
+                       int dead_after_ms, int join_timeout_ms, py::object adopt, const std::string& memory) {
              auto o = options_of(coordinator, rank, nodes, token_file, devices, capacity, listen, advertise, metrics, heartbeat_ms,
-                                 dead_after_ms, join_timeout_ms);
+                                 dead_after_ms, join_timeout_ms, memory);
              auto p = std::make_shared<PyMember>();
              if (!adopt.is_none())
                for (py::handle e : adopt) o.adopt.push_back(adopted_of(e, p->adopted));
@@ -120,7 +134,8 @@ void bind_member(py::module_& m) {
            py::arg("token_file") = py::none(), py::arg("devices") = 1, py::arg("capacity") = "1GiB",
            py::arg("listen") = "127.0.0.1:0", py::arg("advertise") = py::none(), py::arg("metrics") = py::none(),
            py::arg("heartbeat_ms") = 250,
-           py::arg("dead_after_ms") = 1500, py::arg("join_timeout_ms") = 60000, py::arg("adopt") = py::none())
+           py::arg("dead_after_ms") = 1500, py::arg("join_timeout_ms") = 60000, py::arg("adopt") = py::none(),
+           py::arg("memory") = "host")
       .def_property_readonly("listening", [](const PyMember& p) { return p.member->listening().str(); })
       .def_property_readonly("running", [](const PyMember& p) { return p.member->running(); })
       .def_property_readonly(

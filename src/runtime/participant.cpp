@@ -95,7 +95,7 @@ void Participant::connect(const std::vector<PeerInfo>& peers) {
     if (w.rank == self_) continue;
     if (Status st = remote().connect(w.rank, w.address); !st) throw Error(st.message());
     for (const auto& reg : w.regions)
-      if (Status st = remote().add_remote_region(w.rank, reg.device, reg.key); !st) throw Error(st.message());
+      if (Status st = remote().add_remote_region(w.rank, reg.device, reg.key, reg.base, reg.size); !st) throw Error(st.message());
     for (const auto& b : w.buffers) {
       store_.table().bind({b.side, b.device, b.buffer, b.slot}, {b.address, b.bytes, w.rank, b.kind});
       if (!ucx_) continue;

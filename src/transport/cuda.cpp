@@ -1,5 +1,6 @@
 #include "nereus/transport/cuda.hpp"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_ipc.hpp"
 #include "nereus/base/error.hpp"
 
 namespace nereus {
@@ -38,42 +40,22 @@ std::string boot_id() {
   return id.empty() ? "unknown-boot" : id;
 }
 
-/// A registered allocation as a peer sees it (the remote key, fixed little-endian layout).
-struct IpcKey {
-  static constexpr std::uint32_t kMagic = 0x4350494e;  // "NIPC"
-  std::uint32_t pid = 0;
-  std::uint64_t base = 0, size = 0;
-  cudaIpcMemHandle_t handle{};
-
-  std::vector<std::byte> encode() const {
-    std::vector<std::byte> out(8 + 16 + sizeof handle);
-    std::memcpy(out.data(), &kMagic, 4);
-    std::memcpy(out.data() + 4, &pid, 4);
-    std::memcpy(out.data() + 8, &base, 8);
-    std::memcpy(out.data() + 16, &size, 8);
-    std::memcpy(out.data() + 24, &handle, sizeof handle);
-    return out;
-  }
-  static std::optional<IpcKey> decode(std::span<const std::byte> in) {
-    IpcKey k;
-    std::uint32_t magic = 0;
-    if (in.size() != 8 + 16 + sizeof k.handle) return std::nullopt;
-    std::memcpy(&magic, in.data(), 4);
-    if (magic != kMagic) return std::nullopt;
-    std::memcpy(&k.pid, in.data() + 4, 4);
-    std::memcpy(&k.base, in.data() + 8, 8);
-    std::memcpy(&k.size, in.data() + 16, 8);
-    std::memcpy(&k.handle, in.data() + 24, sizeof k.handle);
-    return k;
-  }
-};
-
-/// A peer's allocation mapped here.
-struct RemoteRegion {
-  std::uint64_t base = 0, size = 0;  ///< in the peer's address space
-  std::byte* mapped = nullptr;       ///< the same bytes here
-  bool opened = false;               ///< through cudaIpcOpenMemHandle (closed with the transport)
-};
+/// The CUDA driver's cuMemGetAddressRange, through the runtime (no link to libcuda): the
+/// allocation holding a pointer. Null when the driver lacks it.
+using GetAddressRange = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
+GetAddressRange address_range_function() {
+  static const GetAddressRange fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return GetAddressRange{nullptr};
+    }
+    return reinterpret_cast<GetAddressRange>(p);
+  }();
+  return fn;
+}
 
 class CudaTransport final : public Transport {
  public:
@@ -81,8 +63,6 @@ class CudaTransport final : public Transport {
     if (o_.streams_per_gpu == 0) o_.streams_per_gpu = 1;
   }
   ~CudaTransport() override {
-    for (auto& [key, r] : regions_)
-      if (r.opened) cudaIpcCloseMemHandle(r.mapped);
     for (auto& [gpu, streams] : streams_)
       for (cudaStream_t s : streams) cudaStreamDestroy(s);
   }
@@ -104,15 +84,36 @@ class CudaTransport final : public Transport {
     cudaFreeHost(memory);
   }
 
+  /// Any region of CUDA device memory: an arena (a whole allocation), or part of one (a
+  /// framework's tensor). The key names the allocation holding it, whose handle it is.
   Registration register_memory(const MemoryRegion& region) override {
     if (region.kind != MemoryKind::cuda)
       throw Error("cuda transport: device " + std::to_string(region.device) + "'s region is " +
                   std::string(to_string(region.kind)) + " memory; it registers cuda memory only");
-    IpcKey k;
+    const std::string what = "cuda transport: device " + std::to_string(region.device) + "'s region";
+    const int gpu = gpu_of(reinterpret_cast<std::uint64_t>(region.base));
+    if (gpu < 0) throw Error(what + " is not CUDA device memory (cudaMalloc)");
+    check(cudaSetDevice(gpu), "cudaSetDevice");  // the driver call below asks the current context
+    const GetAddressRange range = address_range_function();
+    if (!range) throw Error(what + ": the CUDA driver has no cuMemGetAddressRange (to find the allocation holding it)");
+    CUdeviceptr allocation = 0;
+    std::size_t allocation_size = 0;
+    const auto at = reinterpret_cast<CUdeviceptr>(region.base);
+    if (range(&allocation, &allocation_size, at) != CUDA_SUCCESS)
+      throw Error(what + " is not in a CUDA allocation (cuMemGetAddressRange failed)");
+    if (at + region.size > allocation + allocation_size)
+      throw Error(what + " (" + std::to_string(region.size) + " bytes) runs past the end of its CUDA allocation; IPC shares one allocation at a time");
+    detail::IpcKey k;
     k.pid = static_cast<std::uint32_t>(::getpid());
-    k.base = reinterpret_cast<std::uint64_t>(region.base);
+    k.base = at;
     k.size = region.size;
-    check(cudaIpcGetMemHandle(&k.handle, region.base), "cudaIpcGetMemHandle (a whole cudaMalloc allocation is registered)");
+    k.allocation = allocation;
+    cudaIpcMemHandle_t handle{};
+    static_assert(sizeof handle == detail::IpcKey::kHandleBytes);
+    check(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(allocation)),
+          "cudaIpcGetMemHandle (memory from cudaMalloc can be shared; stream-ordered pools and virtual memory "
+          "management, e.g. PyTorch's expandable segments, cannot)");
+    std::memcpy(k.handle.data(), &handle, sizeof handle);
     return {region, k.encode(), 0};
   }
 
@@ -133,35 +134,16 @@ class CudaTransport final : public Transport {
     return Status::ok();
   }
 
+  /// The key says which region it is (`base` and `size`, when given, must agree with it).
   Status add_remote_region(PeerId peer, DeviceId remote_device, std::span<const std::byte> key, std::uint64_t base = 0,
                            std::uint64_t size = 0) override {
-    if (size != 0 || base != 0)
-      return {StatusCode::not_supported, "cuda transport: device " + std::to_string(remote_device) + " of peer " +
-                                              std::to_string(peer) + ": regions other than a whole device are not supported"};
-    if (!connected_.contains(peer))
-      return {StatusCode::invalid, "cuda transport: peer " + std::to_string(peer) + " is not connected"};
-    const std::optional<IpcKey> k = IpcKey::decode(key);
-    if (!k)
-      return {StatusCode::invalid, "cuda transport: device " + std::to_string(remote_device) + " of peer " +
-                                       std::to_string(peer) + ": the remote key is not a cuda IPC key"};
-    RemoteRegion r{k->base, k->size, reinterpret_cast<std::byte*>(k->base), false};
-    if (k->pid != static_cast<std::uint32_t>(::getpid())) {  // CUDA refuses to open a handle in its own process
-      void* p = nullptr;
-      const cudaError_t e = cudaIpcOpenMemHandle(&p, k->handle, cudaIpcMemLazyEnablePeerAccess);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        return {StatusCode::io_error, "cuda transport: cannot open device " + std::to_string(remote_device) + " of peer " +
-                                          std::to_string(peer) + ": cudaIpcOpenMemHandle failed: " + cuda_error(e)};
-      }
-      r.mapped = static_cast<std::byte*>(p);
-      r.opened = true;
-    }
-    auto [it, fresh] = regions_.try_emplace({peer, remote_device}, r);
-    if (!fresh) {  // the peer registered the device again (restarted): the old mapping goes
-      if (it->second.opened) cudaIpcCloseMemHandle(it->second.mapped);
-      it->second = r;
-    }
-    return Status::ok();
+    const std::string what = "cuda transport: device " + std::to_string(remote_device) + " of peer " + std::to_string(peer);
+    if (!connected_.contains(peer)) return {StatusCode::invalid, "cuda transport: peer " + std::to_string(peer) + " is not connected"};
+    const std::optional<detail::IpcKey> k = detail::IpcKey::decode(key);
+    if (!k) return {StatusCode::invalid, what + ": the remote key is not a cuda IPC key"};
+    if (size != 0 && (base != k->base || size != k->size))
+      return {StatusCode::invalid, what + ": the region's bounds differ from its key's"};
+    return regions_.add(peer, remote_device, *k, static_cast<std::uint32_t>(::getpid()));
   }
 
   asio::awaitable<Status> post(DescriptorList list) override {
@@ -242,17 +224,16 @@ class CudaTransport final : public Transport {
 
   /// Rewrites a get's source addresses (the peer's) as the mapping's here.
   Status to_mapped(DescriptorList& list) const {
-    auto it = regions_.find({list.peer, list.remote_device});
-    if (it == regions_.end())
+    if (!regions_.knows(list.peer, list.remote_device))
       return {StatusCode::invalid, "cuda transport: no region of device " + std::to_string(list.remote_device) + " of peer " +
                                        std::to_string(list.peer) + " was added"};
-    const RemoteRegion& r = it->second;
     for (Segment& g : list.segments) {
-      const std::uint64_t last = g.src + (g.count > 1 ? (g.count - 1) * g.src_stride : 0) + g.bytes;
-      if (g.src < r.base || last > r.base + r.size)
-        return {StatusCode::invalid, "cuda transport: a get reads outside device " + std::to_string(list.remote_device) +
-                                         "'s registered region of peer " + std::to_string(list.peer)};
-      g.src = reinterpret_cast<std::uint64_t>(r.mapped) + (g.src - r.base);
+      const std::uint64_t span = (g.count > 1 ? (g.count - 1) * g.src_stride : 0) + g.bytes;
+      const std::optional<std::uint64_t> here = regions_.translate(list.peer, list.remote_device, g.src, span);
+      if (!here)
+        return {StatusCode::invalid, "cuda transport: a get reads outside the registered regions of device " +
+                                         std::to_string(list.remote_device) + " of peer " + std::to_string(list.peer)};
+      g.src = *here;
     }
     return Status::ok();
   }
@@ -279,7 +260,20 @@ class CudaTransport final : public Transport {
   std::set<std::pair<int, int>> peers_;  // (dst gpu, src gpu) with peer access enabled
   std::string boot_ = boot_id() + (o_.machine.empty() ? "" : "/" + o_.machine);
   std::set<PeerId> connected_;
-  std::map<std::pair<PeerId, DeviceId>, RemoteRegion> regions_;
+  // Peers' regions: their allocations opened by CUDA IPC, closed with the transport.
+  detail::IpcRegions regions_{[](const detail::IpcKey& k, std::byte*& mapped) {
+                                cudaIpcMemHandle_t h{};
+                                std::memcpy(&h, k.handle.data(), sizeof h);
+                                void* p = nullptr;
+                                if (const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+                                    e != cudaSuccess) {
+                                  cudaGetLastError();
+                                  return Status{StatusCode::io_error, "cuda transport: cudaIpcOpenMemHandle failed: " + cuda_error(e)};
+                                }
+                                mapped = static_cast<std::byte*>(p);
+                                return Status::ok();
+                              },
+                              [](std::byte* mapped) { cudaIpcCloseMemHandle(mapped); }};
   mutable std::mutex host_mu_;
   std::map<std::uint64_t, std::size_t> host_;  // page-locked staging: base → bytes
 };

@@ -23,6 +23,7 @@
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/nccl.hpp"
 #include "nereus/transport/ucx.hpp"
+#include "../../src/transport/cuda_ipc.hpp"
 
 using namespace nereus;
 using testing::coll;
@@ -138,7 +139,62 @@ TEST_CASE("cuda IPC gets: every link a get through the registered arenas' keys, 
   const auto base = reinterpret_cast<std::uint64_t>(gpu.devices.begin()->second->arena());
   l.segments.push_back({base + (std::uint64_t{1} << 40), reinterpret_cast<std::uint64_t>(gpu.buffers[0].data()), 64, 1, 0, 0});
   const Status st = run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
-  CHECK(st.message().find("reads outside device") != std::string::npos);
+  CHECK(st.message().find("reads outside the registered regions of device") != std::string::npos);
+}
+
+TEST_CASE("cuda IPC keys of a framework's tensor: the allocation holding it, gets held to the tensor's bounds") {
+  // Two "tensors" inside one cudaMalloc block, as PyTorch's caching allocator places them;
+  // an adopted buffer is registered as such a region (docs/cluster.md, adopt=).
+  constexpr std::size_t kBlock = 1 << 20, kA = 4096, kB = 65536;
+  void* block = nullptr;
+  REQUIRE(cudaMalloc(&block, kBlock) == cudaSuccess);
+  auto* base = static_cast<std::byte*>(block);
+  std::vector<std::byte> pattern(kBlock);
+  for (std::size_t i = 0; i < kBlock; ++i) pattern[i] = static_cast<std::byte>(i * 131 + 7);
+  REQUIRE(cudaMemcpy(block, pattern.data(), kBlock, cudaMemcpyHostToDevice) == cudaSuccess);
+  {
+    asio::io_context io;
+    auto cuda = make_cuda_transport(io);
+    REQUIRE(cuda->connect(0, cuda->address()).is_ok());
+    const Registration a = cuda->register_memory({base + kA, 8192, 3, MemoryKind::cuda});
+    const Registration b = cuda->register_memory({base + kB, 4096, 3, MemoryKind::cuda});
+    const auto ka = detail::IpcKey::decode(a.remote_key), kb = detail::IpcKey::decode(b.remote_key);
+    REQUIRE(ka);
+    REQUIRE(kb);
+    CHECK(ka->allocation == reinterpret_cast<std::uint64_t>(base));  // found by cuMemGetAddressRange
+    CHECK(kb->allocation == ka->allocation);
+    CHECK(ka->base == reinterpret_cast<std::uint64_t>(base + kA));
+    CHECK(ka->size == 8192);
+    CHECK(ka->handle == kb->handle);  // one allocation, one handle
+    REQUIRE(cuda->add_remote_region(0, 3, a.remote_key, ka->base, ka->size).is_ok());
+    REQUIRE(cuda->add_remote_region(0, 3, b.remote_key, kb->base, kb->size).is_ok());
+    CHECK(cuda->add_remote_region(0, 3, b.remote_key, kb->base, 1).message().find("differ from its key") != std::string::npos);
+
+    void* out = nullptr;
+    REQUIRE(cudaMalloc(&out, 8192) == cudaSuccess);
+    auto get = [&](std::uint64_t src, std::uint64_t bytes) {
+      DescriptorList l;
+      l.op = Op::get;
+      l.kind = MemoryKind::cuda;
+      l.remote_device = 3;
+      l.segments.push_back({src, reinterpret_cast<std::uint64_t>(out), bytes, 1, 0, 0});
+      return run_on(io, [&]() -> asio::awaitable<Status> { co_return co_await cuda->post(l); }());
+    };
+    const auto at = reinterpret_cast<std::uint64_t>(base);
+    REQUIRE(get(at + kA + 100, 5000).is_ok());
+    std::vector<std::byte> got(5000);
+    REQUIRE(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::memcmp(got.data(), pattern.data() + kA + 100, got.size()) == 0);
+    REQUIRE(get(at + kB, 4096).is_ok());
+    // Inside the allocation but in no registered tensor, or past one's end: refused.
+    CHECK(get(at + 32768, 16).message().find("reads outside") != std::string::npos);
+    CHECK(get(at + kB + 4000, 200).message().find("reads outside") != std::string::npos);
+    // A region running past its allocation's end is one error at registration.
+    CHECK(error_of([&] { cuda->register_memory({base + kBlock - 100, 200, 3, MemoryKind::cuda}); })
+              .find("runs past the end of its CUDA allocation") != std::string::npos);
+    cudaFree(out);
+  }
+  cudaFree(block);
 }
 
 TEST_CASE("GPU memory over host-only UCX: two-sided messages staged through page-locked host memory") {

@@ -87,6 +87,8 @@ class Device {
   virtual ~Device();
   DeviceId id() const { return id_; }
   virtual MemoryKind kind() const = 0;
+  /// The CUDA device its arena is on (DeviceSpec::gpu); 0 for host memory.
+  virtual int gpu() const { return 0; }
   /// Allocates n bytes (aligned to 256); throws Error naming the device, the request and
   /// what is left when the arena cannot hold it.
   DeviceBuffer allocate(std::size_t n, std::string_view what);

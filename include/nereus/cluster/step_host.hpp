@@ -21,7 +21,7 @@
 namespace nereus::cluster {
 
 /// One unit of the job as far as it lives on this node: its buffers on this node's
-/// devices (sharding.md packing), in the daemon's arenas.
+/// devices (sharding.md packing), in the daemon's arenas or the framework's adopted memory.
 struct NodeUnit {
   std::uint32_t id = 0;          ///< job-wide, given by the coordinator
   std::string model_stage;
@@ -29,6 +29,9 @@ struct NodeUnit {
   Emu emu;                       ///< the whole unit (global device ids)
   std::vector<BufferSpec> buffers;
   std::vector<std::span<std::byte>> memory;  ///< one per buffer
+  /// Where `memory` is: host memory, or GPU memory (the daemon's devices are cuda ones).
+  MemoryKind kind = MemoryKind::host;
+  std::vector<int> gpu;          ///< one per buffer: its device's CUDA ordinal (0 for host memory)
 };
 
 /// A step the coordinator asks this node to run.

@@ -33,13 +33,16 @@ bool cuda_built();
 int cuda_device_count();
 
 /// CUDA IPC. register_memory() takes a whole cudaMalloc allocation (a cuda device's
-/// arena, Device::arena()) and returns as its remote key the allocation's IPC handle, its
-/// base address and size, and this process's id. address() is this machine's boot id:
-/// connect() refuses a peer on another machine, since IPC handles open only there.
-/// add_remote_region() opens the peer's handle (cudaIpcOpenMemHandle, peer access
-/// enabled lazily) — a key from this very process maps to its own memory, which CUDA
-/// cannot open — and a get (Op::get) then copies from the mapping, its addresses the
-/// peer's, checked against the region. Handles are closed when the transport goes. A
+/// arena, Device::arena()) or part of one (a framework's tensor in its caching allocator's
+/// block), and returns as its remote key the region's bounds, the allocation holding it
+/// (cuMemGetAddressRange, through the runtime's driver entry points) with its IPC handle,
+/// and this process's id. address() is this machine's boot id: connect() refuses a peer
+/// on another machine, since IPC handles open only there. add_remote_region() opens the
+/// peer's allocation once however many of its regions it is given (cudaIpcOpenMemHandle,
+/// peer access enabled lazily) — a key from this very process maps to its own memory,
+/// which CUDA cannot open — and a get (Op::get) then copies from the mapping, its
+/// addresses the peer's, checked against the region it reads. Handles are closed when
+/// the transport goes. A
 /// peer that exits frees its allocations: a get from it then fails or reads freed memory,
 /// so its sources' processes must outlive a transition.
 std::unique_ptr<Transport> make_cuda_transport(asio::io_context& io, CudaTransportOptions options = {});
