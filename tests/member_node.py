@@ -35,6 +35,7 @@ ap.add_argument("--report-stage", default="")  # a bad report: a time for this n
 ap.add_argument("--step-sleep", type=float, default=0.0)  # each step takes at least this long
 ap.add_argument("--adopt", default="")
 ap.add_argument("--adopt-plan", default="")
+ap.add_argument("--adopt-claims-cuda", action="store_true")  # the adopted tensors say they are GPU memory (an error)
 args = ap.parse_args()
 
 shapes = model_shapes(args.nereus, "tiny-llama")  # every role of ppo-tiny
@@ -62,6 +63,20 @@ def own_tensors(stages, plan):
 
 
 adopt = own_tensors(args.adopt.split(","), args.adopt_plan) if args.adopt else []
+
+
+class ClaimsCuda:
+    """A host tensor that says it is on GPU 0 (what Member(adopt=) reads of a tensor)."""
+    def __init__(self, t):
+        self.t = t
+        self.device = type("Device", (), {"type": "cuda", "index": 0})()
+
+    def __getattr__(self, name):
+        return getattr(self.t, name)
+
+
+if args.adopt_claims_cuda:
+    adopt = [dict(e, tensor=ClaimsCuda(e["tensor"])) for e in adopt]
 owned = {e["tensor"].data_ptr() for e in adopt}
 m = nereus.Member(coordinator=args.coordinator, rank=int(args.rank), nodes=int(args.nodes), token_file=args.token,
                   devices=PER, capacity="256MiB", metrics="127.0.0.1:0", adopt=adopt)

@@ -260,6 +260,16 @@ try:
     check(rc == 1 and "node 2: adopt: the initial plan has no buffer" in text and "of 'reference/infer'" in text,
           f"framework memory no loaded unit takes is named (rc {rc}, {text.strip()[-300:]}, {str(rep)[-300:]})")
 
+    # 3c. Framework memory of another kind than the node's devices (node 1's tensors say they
+    # are CUDA memory; its devices are host memory): one error naming the buffer at jobOpen.
+    files = members(addr, "wrong-kind", {1: ["--adopt", "reference/infer", "--adopt-plan", json.dumps(JOB_FROM),
+                                             "--adopt-claims-cuda"]})
+    check(wait_alive(addr, 3), "the frameworks joined for the adoption of the wrong kind")
+    rc, rep, err = job(addr, "--plan", json.dumps(JOB_FROM), "--steps", "1")
+    text = rep.get("error", "") + err
+    check(rc == 1 and re.search(r"node 1: adopt: device \d+ is host memory, and the framework's buffer \S+ cuda memory", text),
+          f"framework memory of another kind than the devices is named (rc {rc}, {text.strip()[-300:]})")
+
     # 4. A framework killed mid-step: the job goes on with the survivors' intact units; the
     # framework restarted rejoins at a later step and the job moves onto it again.
     time.sleep(0.5)
