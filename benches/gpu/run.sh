@@ -16,7 +16,8 @@
 #    GPU devices whose units are its own cudaMalloc sub-allocations (adopted), read by the
 #    other daemon through CUDA IPC, then as two machines through staged UCX messages)
 #    "python": {...},   (torch_units.py: the Python module over a job in GPU memory, the
-#    machine's torch computing on the units through DLPack, round trips bit for bit)
+#    machine's torch computing on the units through DLPack, round trips bit for bit; and
+#    "member": nereus.Member(memory="cuda") as node 1 of a job, its step views the GPU's)
 #    "mixed": {...}}   (4 processes as 2 emulated machines: CUDA IPC inside each, UCX tagged
 #    messages staged through host memory across, in one transition; `transports` has both)
 #    (every link an NCCL message in grouped rounds; NCCL comes from NEREUS_NCCL_LIBRARY or the
@@ -133,7 +134,7 @@ step member_two_machines "$member2_json"
 # machine's torch (torch_units.py). First with the machine's own C++ runtime (its torch may
 # need a newer one than ours), then with ours if that one is too old for the module.
 if [ -d "$here/python" ]; then
-  py_run() { PYTHONPATH="$here/python" LD_LIBRARY_PATH="$1" timeout "$(limit 120)" python3 "$here/torch_units.py" 2>&1 | tail -1; }
+  py_run() { PYTHONPATH="$here/python" LD_LIBRARY_PATH="$1" timeout "$(limit 120)" python3 "$here/torch_units.py" --bin "$here" 2>&1 | tail -1; }
   py_json=$(py_run "$here/lib${machine_libs:+:$machine_libs}")
   case "$py_json" in *GLIBCXX*|*CXXABI*) py_json=$(py_run "$LD_LIBRARY_PATH") ;; esac
 else

@@ -5,7 +5,8 @@ training state through transitions, compared bit for bit on the GPU.
 
 The same checks as tests/test_python.py's on host memory (zero copy, round trip); only the
 device differs, which is what this run is for: the torch side of DLPack export of CUDA units
-runs nowhere else."""
+runs nowhere else. With --bin DIR ("member" in the JSON), nereus.Member(memory="cuda") as
+node 1 of a cluster job whose node 0 is DIR's nereusd: its step views are the GPU's too."""
 import json
 import sys
 import time
@@ -101,11 +102,83 @@ def main(memory):
     return out
 
 
+def member(memory, bindir):
+    """nereus.Member as node 1 of a two-node job whose node 0 is a nereusd coordinator, both
+    on `memory` devices (docs/cluster.md, "A framework as a node"): every shard of its steps
+    is that memory (kDLCUDA on its device's GPU), torch computes on it in place, and the
+    job, transitions included, ends verified."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+    import torch
+    import nereus
+    gpu = memory == "cuda"
+    gpus = torch.cuda.device_count() if gpu else 1
+    work = tempfile.mkdtemp(prefix="nereus-torch-member-")
+    token = os.path.join(work, "token")
+    with open(token, "w") as f:
+        f.write(f"torch-member-{os.getpid()}-token")
+    os.chmod(token, 0o600)
+    log = open(os.path.join(work, "d0.log"), "w+")
+    d0 = subprocess.Popen([os.path.join(bindir, "nereusd"), "--token-file", token, "--coordinator-mode", "--nodes", "2",
+                           "--listen", "127.0.0.1:0", "--devices", f"{memory}:2:512MiB"], stdout=log, stderr=subprocess.STDOUT)
+    out = {"memory": memory}
+    try:
+        addr = None
+        for _ in range(200):
+            log.seek(0)
+            found = re.search(r"listening on (127\.0\.0\.1:\d+)", log.read())
+            if found or d0.poll() is not None:
+                addr = found and found.group(1)
+                break
+            time.sleep(0.05)
+        if not addr:
+            log.seek(0)
+            return {"error": "the coordinator did not start: " + log.read()[-300:]}
+        m = nereus.Member(coordinator=addr, rank=1, nodes=2, token_file=token, devices=2, capacity="512MiB", memory=memory)
+        job = subprocess.Popen([os.path.join(bindir, "nereus"), "cluster", "job", "--coordinator", addr, "--token-file", token,
+                                "--job", JOB, "--node-steps", "--steps", "2", "--response-len", "128", "--response-len-after",
+                                "2048", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        steps, shards, placed, total = 0, 0, 0, 0
+        for step in m.steps(timeout=120):
+            steps += 1
+            for u in step.units:
+                for s in u.shards(slot=None):
+                    t = s.data
+                    where = (2, s.device % gpus) if gpu else (1, 0)
+                    shards += 1
+                    placed += (s.__dlpack_device__() == where and t.is_cuda == gpu and t.data_ptr() == s.data_ptr
+                               and (not gpu or t.device.index == where[1]))
+                    total += int(t.reshape(-1).view(torch.uint8).sum())  # torch reads the unit in place, on its device
+            m.report(stage_seconds={})
+        stdout, stderr = job.communicate(timeout=120)
+        try:
+            rep = json.loads(stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            rep = {"error": (stdout + stderr)[-300:]}
+        out.update(steps=steps, shards=shards, shards_placed=placed, byte_sum=total, verified=rep.get("verified"),
+                   error=rep.get("error"))
+        out["ok"] = steps == 2 and shards > 0 and placed == shards and total > 0 and rep.get("verified") is True
+        return out
+    finally:
+        d0.kill()
+        d0.wait()
+
+
 if __name__ == "__main__":
     # --host: the same checks on host memory, so that this script is tested where no GPU is.
+    # --bin DIR: where nereus and nereusd are, for the Member's job (run.sh: the pack).
+    memory = "host" if "--host" in sys.argv[1:] else "cuda"
     try:
-        result = main("host" if "--host" in sys.argv[1:] else "cuda")
+        result = main(memory)
     except Exception as e:  # one JSON line whatever happens: run.sh embeds it
         result = {"error": f"{type(e).__name__}: {e}"}
+    if "--bin" in sys.argv[1:] and "skipped" not in result:
+        try:
+            result["member"] = member(memory, sys.argv[sys.argv.index("--bin") + 1])
+        except Exception as e:
+            result["member"] = {"error": f"{type(e).__name__}: {e}"}
+        result["ok"] = bool(result.get("ok") and result["member"].get("ok"))
     print(json.dumps(result))
     sys.exit(0 if result.get("ok") or "skipped" in result else 1)
