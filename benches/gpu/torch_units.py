@@ -146,7 +146,7 @@ def member(memory, bindir):
             for u in step.units:
                 for s in u.shards(slot=None):
                     t = s.data
-                    where = (2, s.device % gpus) if gpu else (1, 0)
+                    where = (2, (s.device - 2) % gpus) if gpu else (1, 0)  # node 1's device i is on GPU i mod GPUs
                     shards += 1
                     placed += (s.__dlpack_device__() == where and t.is_cuda == gpu and t.data_ptr() == s.data_ptr
                                and (not gpu or t.device.index == where[1]))

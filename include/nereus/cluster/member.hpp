@@ -6,6 +6,7 @@
 //   Member m(options);                       // binds, joins the coordinator
 //   while (auto step = m.next_step()) {      // the coordinator asks for step k
 //     for (NodeUnit& u : step->units) ...    // compute on the units' memory in place
+//                                            // (GPU memory when device_kind is cuda: NodeUnit::kind)
 //     m.report({{{"actor/train", 1.8}}});    // measured times: the controller calibrates
 //   }                                        // nullopt: the job on this node ended
 //
