@@ -7,8 +7,10 @@
 // lives inside a block of its caching allocator. CUDA IPC shares whole allocations
 // (cudaIpcGetMemHandle), so a key carries the allocation's base and handle besides the
 // region's bounds; a peer maps each allocation once however many of its regions it is
-// given (cudaIpcOpenMemHandle refuses to open one allocation twice in a process), and
-// checks every get against the bounds of the region it reads, not the allocation's.
+// given (CUDA would count a second open of a handle and return the same pointer; one
+// mapping per allocation keeps each open paired with its close here, when the last region
+// of it goes), and checks every get against the bounds of the region it reads, not the
+// allocation's.
 #include <array>
 #include <cstddef>
 #include <cstdint>
