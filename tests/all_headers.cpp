@@ -69,6 +69,7 @@
 #include "nereus/transport/cuda.hpp"
 #include "nereus/transport/mixed.hpp"
 #include "nereus/transport/nccl.hpp"
+#include "nereus/transport/segment.hpp"
 #include "nereus/transport/local.hpp"
 #include "nereus/transport/transport.hpp"
 #include "nereus/transport/ucx.hpp"

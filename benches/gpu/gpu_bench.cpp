@@ -3,7 +3,8 @@
 // between logical devices carved out of the GPUs present (llama-3.1-8b tp=8 → tp=2,dp=4,
 // weights only) through the executor and the cuda transport; the same llama-3.2-1b reshard
 // with every link an NCCL message (the nccl transport, one rank per GPU present) against
-// raw ncclSend/ncclRecv of the same bytes in one group, on the same ranks. One JSON line.
+// raw ncclSend/ncclRecv of the same bytes in one group, on the same ranks; the first
+// reshard with its strided runs copied by Nereus's kernel and by cudaMemcpy2DAsync. One JSON line.
 // Exits 77 when no CUDA device is present. --smoke: fewer runs, to check that it runs.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -78,8 +79,10 @@ T run(asio::io_context& io, asio::awaitable<T> a) {
   return std::move(*out);
 }
 
-/// `via_nccl`: every link an NCCL message (remote_links), else cuda copies.
-json reshard(const std::string& model, const std::string& from, const std::string& to, int repeat, int gpus, bool via_nccl = false) {
+/// `via_nccl`: every link an NCCL message (remote_links), else cuda copies; `kernel`:
+/// strided runs on one GPU by the strided-copy kernel, else one cudaMemcpy2DAsync each.
+json reshard(const std::string& model, const std::string& from, const std::string& to, int repeat, int gpus, bool via_nccl = false,
+             bool kernel = true) {
   auto m = load_model(model);
   const auto src = Collection::from_spec(m, "s", parse_collection_spec(from), false);
   const auto dst = Collection::from_spec(m, "t", parse_collection_spec(to), false);
@@ -100,7 +103,9 @@ json reshard(const std::string& model, const std::string& from, const std::strin
   }
   cudaDeviceSynchronize();
   asio::io_context io;
-  auto cuda = make_cuda_transport(io);
+  CudaTransportOptions co;
+  co.strided_kernel = kernel;
+  auto cuda = make_cuda_transport(io, co);
   std::unique_ptr<Transport> nccl;
   ExecutorOptions eo;
   if (via_nccl) {
@@ -215,6 +220,10 @@ int main(int argc, char** argv) {
     json small = reshard("llama-3.2-1b", "tp=4,pp=1,dp=1", "tp=2,pp=1,dp=2", smoke ? 1 : 5, gpus);
     small["ratio_to_cudamemcpy"] = small["copy_gbps"].get<double>() / d2d;
     out["reshard_d2d"] = small;
+    // The same reshard with every strided run a cudaMemcpy2DAsync of its own.
+    const json m2d = reshard("llama-3.2-1b", "tp=4,pp=1,dp=1", "tp=2,pp=1,dp=2", smoke ? 1 : 5, gpus, false, false);
+    out["strided_kernel"] = {{"kernel_seconds_median", small["seconds_median"]}, {"memcpy2d_seconds_median", m2d["seconds_median"]},
+                             {"speedup", m2d["seconds_median"].get<double>() / small["seconds_median"].get<double>()}};
     if (!smoke) out["llama_3_1_8b_tp8_to_tp2_dp4"] = reshard("llama-3.1-8b", "tp=8,pp=1,dp=1", "tp=2,pp=1,dp=4", 3, gpus);
     // Cross-process (CUDA IPC) reshards: run.sh runs `nereus bench transition --transport cuda`.
     try {

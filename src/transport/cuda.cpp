@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda_ipc.hpp"
+#include "strided_copy.hpp"
 #include "nereus/base/error.hpp"
 
 namespace nereus {
@@ -183,6 +184,9 @@ class CudaTransport final : public Transport {
     // One side may be host staging (alloc_host: page-locked, so the copy stays async).
     if ((dst_gpu < 0 && src_gpu < 0) || ((dst_gpu < 0 || src_gpu < 0) && !pinned(list)))
       throw Error("cuda transport: device " + std::to_string(list.local_device) + "'s list is not in CUDA device memory");
+    // Strided runs within one GPU's memory go to the kernel, many per launch; across GPUs
+    // and to or from host staging, the copy engines (cudaMemcpy2DAsync) move them.
+    const bool one_gpu = o_.strided_kernel && dst_gpu >= 0 && dst_gpu == src_gpu;
     if (dst_gpu < 0) dst_gpu = src_gpu;
     if (src_gpu < 0) src_gpu = dst_gpu;
     check(cudaSetDevice(dst_gpu), "cudaSetDevice");
@@ -192,15 +196,19 @@ class CudaTransport final : public Transport {
       cudaGetLastError();
     }
     cudaStream_t s = stream(dst_gpu);
+    std::vector<Segment> runs;
     for (const Segment& g : list.segments) {
       void* dst = reinterpret_cast<void*>(g.dst);
       const void* src = reinterpret_cast<const void*>(g.src);
       if (g.count <= 1)
         check(cudaMemcpyAsync(dst, src, g.bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+      else if (one_gpu)
+        runs.push_back(g);
       else
         check(cudaMemcpy2DAsync(dst, g.dst_stride, src, g.src_stride, g.bytes, g.count, cudaMemcpyDefault, s),
               "cudaMemcpy2DAsync");
     }
+    check(static_cast<cudaError_t>(detail::launch_strided_copies(runs, s)), "the strided-copy kernel");
     cudaEvent_t e = nullptr;
     check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     if (cudaError_t r = cudaEventRecord(e, s); r != cudaSuccess) {

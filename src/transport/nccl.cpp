@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "nereus/base/error.hpp"
+#include "strided_copy.hpp"
 
 namespace nereus {
 
@@ -385,21 +386,21 @@ class NcclTransport final : public Transport {
     return Status::ok();
   }
 
-  /// Packs a message's runs into its staging (`pack`) or unpacks them, on its rank's stream.
+  /// Packs a message's runs into its staging (`pack`) or unpacks them, on its rank's stream:
+  /// one launch of the strided-copy kernel per 64 runs (strided_copy.hpp).
   static Status copy_runs(const Issue& i, bool pack) {
-      OnGpu on(i.local->gpu);
-      std::uint64_t off = 0;
-      for (const Segment& s : i.list->segments) {
-        std::byte* packed = i.buffer + off;
-        const auto* run = reinterpret_cast<std::byte*>(pack ? s.src : s.dst);
-        const std::uint64_t stride = std::max<std::uint64_t>(pack ? s.src_stride : s.dst_stride, s.bytes);
-        const cudaError_t e = pack ? cudaMemcpy2DAsync(packed, s.bytes, run, stride, s.bytes, s.count, cudaMemcpyDeviceToDevice, i.local->stream)
-                                   : cudaMemcpy2DAsync(const_cast<std::byte*>(run), stride, packed, s.bytes, s.bytes, s.count,
-                                                       cudaMemcpyDeviceToDevice, i.local->stream);
-        if (e != cudaSuccess) return {StatusCode::io_error, "nccl: staging copy on GPU " + std::to_string(i.local->gpu) + ": " + cuda_error(e)};
-        off += s.total();
-      }
-      return Status::ok();
+    OnGpu on(i.local->gpu);
+    std::vector<Segment> runs;
+    std::uint64_t off = 0;
+    for (const Segment& s : i.list->segments) {
+      const auto packed = reinterpret_cast<std::uint64_t>(i.buffer + off);
+      if (pack) runs.push_back({s.src, packed, s.bytes, s.count, s.src_stride, s.bytes});
+      else runs.push_back({packed, s.dst, s.bytes, s.count, s.bytes, s.dst_stride});
+      off += s.total();
+    }
+    if (const auto e = static_cast<cudaError_t>(detail::launch_strided_copies(runs, i.local->stream)); e != cudaSuccess)
+      return {StatusCode::io_error, "nccl: staging copy on GPU " + std::to_string(i.local->gpu) + ": " + cuda_error(e)};
+    return Status::ok();
   }
 
   /// Polls the used ranks' events and communicators on a short timer; the loop never

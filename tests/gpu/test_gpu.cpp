@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <random>
 
 #include "../job_cases.hpp"
 #include "../run_async.hpp"
@@ -24,6 +25,7 @@
 #include "nereus/transport/nccl.hpp"
 #include "nereus/transport/ucx.hpp"
 #include "../../src/transport/cuda_ipc.hpp"
+#include "../../src/transport/strided_copy.hpp"
 
 using namespace nereus;
 using testing::coll;
@@ -90,23 +92,71 @@ TEST_CASE("cuda transport: reshards between logical devices land every element w
     CAPTURE(to);
     const auto plan = plan_reshard(coll(from, true), coll(to, true));
     const auto transfers = plan.transfers();
-    testing::World host;
-    host.bind_all(plan);
-    host.pattern_sources();
-    CudaMirror gpu(host, gpus);
-    asio::io_context io;
-    auto cuda = make_cuda_transport(io);
-    ExecutorOptions opt;
-    opt.chunk_bytes = 100000;  // several chunks a transfer
-    Executor ex(*cuda, nullptr, [](DeviceId) { return PeerId{0}; }, opt);
-    const BoundTransition bound = ex.bind(transfers, plan.target(), gpu.table);
-    for (int run = 0; run < 2; ++run) {
-      const auto report = run_on(io, ex.run(bound));
-      CHECK(report.link_bytes == plan.summary().moved_bytes);
+    // Strided runs on one GPU by the kernel, and as one cudaMemcpy2DAsync each.
+    for (const bool kernel : {true, false}) {
+      CAPTURE(kernel);
+      testing::World host;  // targets zero again: nothing of the other way's run is left
+      host.bind_all(plan);
+      host.pattern_sources();
+      CudaMirror gpu(host, gpus);
+      asio::io_context io;
+      CudaTransportOptions co;
+      co.strided_kernel = kernel;
+      auto cuda = make_cuda_transport(io, co);
+      ExecutorOptions opt;
+      opt.chunk_bytes = 100000;  // several chunks a transfer
+      Executor ex(*cuda, nullptr, [](DeviceId) { return PeerId{0}; }, opt);
+      const BoundTransition bound = ex.bind(transfers, plan.target(), gpu.table);
+      for (int run = 0; run < 2; ++run) {
+        const auto report = run_on(io, ex.run(bound));
+        CHECK(report.link_bytes == plan.summary().moved_bytes);
+      }
+      gpu.download(host);
+      CHECK(testing::landed_as_planned(transfers, host.table));
     }
-    gpu.download(host);
-    CHECK(testing::landed_as_planned(transfers, host.table));
   }
+}
+
+TEST_CASE("strided-copy kernel: random runs in GPU memory land as a plain copy of each row would put them") {
+  std::mt19937_64 rng(1206);
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+  const std::size_t src_bytes = 4 << 20, dst_bytes = 8 << 20;
+  void *src_mem = nullptr, *dst_mem = nullptr;
+  REQUIRE(cudaMalloc(&src_mem, src_bytes) == cudaSuccess);
+  REQUIRE(cudaMalloc(&dst_mem, dst_bytes) == cudaSuccess);
+  auto* src = static_cast<unsigned char*>(src_mem);
+  auto* dst = static_cast<unsigned char*>(dst_mem);
+  std::vector<unsigned char> host_src(src_bytes);
+  for (auto& b : host_src) b = static_cast<unsigned char>(rng());
+  REQUIRE(cudaMemcpy(src, host_src.data(), src_bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  for (int layout = 0; layout < 20; ++layout) {
+    std::vector<unsigned char> want(dst_bytes, 0), got(dst_bytes);
+    REQUIRE(cudaMemset(dst, 0, dst_bytes) == cudaSuccess);
+    std::vector<Segment> runs;
+    std::uint64_t dst_at = 0;
+    for (std::size_t r = 0, n = pick(1, 200); r < n; ++r) {
+      const std::uint64_t align = std::uint64_t{1} << pick(0, 4);
+      const std::uint64_t bytes = align * pick(1, 4000 / align), count = pick(1, 16);
+      const std::uint64_t src_stride = bytes + align * pick(0, 8), dst_stride = bytes + align * pick(0, 8);
+      const std::uint64_t src_at = align * pick(0, (src_bytes - count * src_stride) / align);
+      dst_at = (dst_at + align - 1) / align * align + pick(0, 3) * align;
+      if (dst_at + count * dst_stride > dst_bytes) break;
+      runs.push_back({reinterpret_cast<std::uint64_t>(src + src_at), reinterpret_cast<std::uint64_t>(dst + dst_at), bytes, count,
+                      src_stride, dst_stride});
+      for (std::uint64_t row = 0; row < count; ++row)
+        std::memcpy(want.data() + dst_at + row * dst_stride, host_src.data() + src_at + row * src_stride, bytes);
+      dst_at += count * dst_stride;
+    }
+    REQUIRE(detail::launch_strided_copies(runs, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    REQUIRE(cudaMemcpy(got.data(), dst, dst_bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(got == want);
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(src);
+  cudaFree(dst);
 }
 
 TEST_CASE("cuda IPC gets: every link a get through the registered arenas' keys, in one process") {

@@ -25,6 +25,10 @@ struct CudaTransportOptions {
   /// Added to this machine's boot id in address(): processes whose addresses differ do not
   /// reach each other by IPC. Benches emulate several machines on one with it (--nodes).
   std::string machine;
+  /// Strided runs between memory of one GPU are copied by Nereus's kernel, up to 64 runs
+  /// per launch (transport/strided_copy.hpp); false: one cudaMemcpy2DAsync per run, as
+  /// between GPUs and host staging always (benches/gpu/gpu_bench compares the two).
+  bool strided_kernel = true;
 };
 
 /// Whether this library was built with CUDA.

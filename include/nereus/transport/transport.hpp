@@ -11,6 +11,7 @@
 #include "nereus/base/asio.hpp"
 #include "nereus/base/device.hpp"
 #include "nereus/base/status.hpp"
+#include "nereus/transport/segment.hpp"
 
 namespace nereus {
 
@@ -30,18 +31,6 @@ struct Registration {
   MemoryRegion region;
   std::vector<std::byte> remote_key;
   std::uint64_t handle = 0;  ///< backend's own handle
-};
-
-/// `count` runs of `bytes`: run i goes from src + i·src_stride to dst + i·dst_stride.
-/// Addresses are local pointers, or a peer's virtual addresses for the remote side.
-struct Segment {
-  std::uint64_t src = 0;
-  std::uint64_t dst = 0;
-  std::uint64_t bytes = 0;
-  std::uint64_t count = 1;
-  std::uint64_t src_stride = 0;
-  std::uint64_t dst_stride = 0;
-  std::uint64_t total() const { return bytes * count; }
 };
 
 /// What to do with a descriptor list.
