@@ -394,8 +394,9 @@ class NcclTransport final : public Transport {
     std::uint64_t off = 0;
     for (const Segment& s : i.list->segments) {
       const auto packed = reinterpret_cast<std::uint64_t>(i.buffer + off);
-      if (pack) runs.push_back({s.src, packed, s.bytes, s.count, s.src_stride, s.bytes});
-      else runs.push_back({packed, s.dst, s.bytes, s.count, s.bytes, s.dst_stride});
+      // A side with stride 0 holds its rows back to back (as cudaMemcpy2DAsync had it).
+      if (pack) runs.push_back({s.src, packed, s.bytes, s.count, std::max(s.src_stride, s.bytes), s.bytes});
+      else runs.push_back({packed, s.dst, s.bytes, s.count, s.bytes, std::max(s.dst_stride, s.bytes)});
       off += s.total();
     }
     if (const auto e = static_cast<cudaError_t>(detail::launch_strided_copies(runs, i.local->stream)); e != cudaSuccess)
