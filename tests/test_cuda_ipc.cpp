@@ -3,6 +3,7 @@
 // against the region they read, and mappings closed when a peer restarts or the table goes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 
@@ -134,7 +135,7 @@ TEST_CASE("cuda IPC regions: translation agrees with a brute-force search of the
   for (int round = 0; round < 50; ++round) {
     FakeDriver driver;
     IpcRegions t = driver.table();
-    // Disjoint regions in a few allocations of 64 KiB, as tensors in caching-allocator blocks.
+    // Regions in a few allocations of 64 KiB, as tensors in caching-allocator blocks.
     struct R {
       std::uint64_t allocation, base, size;
     };
@@ -149,16 +150,28 @@ TEST_CASE("cuda IPC regions: translation agrees with a brute-force search of the
         at += size + rng() % 256;
       }
     }
+    // Some views inside a region (overlapping it: another base, same allocation), and the
+    // regions added in any order.
+    for (std::size_t i = 0, n = regions.size(); i < n; ++i)
+      if (regions[i].size > 2 && rng() % 4 == 0) {
+        const std::uint64_t off = 1 + rng() % (regions[i].size - 1);
+        regions.push_back({regions[i].allocation, regions[i].base + off, 1 + rng() % (regions[i].size - off)});
+      }
+    std::shuffle(regions.begin(), regions.end(), rng);
     for (const R& r : regions) REQUIRE(t.add(3, 1, key(kPeerPid, r.allocation, r.base, r.size), kSelf));
     CHECK(driver.opens == 3);
     std::map<std::uint64_t, std::uint64_t> mapped_at;  // allocation → where it is mapped
     for (auto& [mapped, base] : driver.open) mapped_at[base] = reinterpret_cast<std::uint64_t>(mapped);
+    int hits = 0;
     for (int q = 0; q < 400; ++q) {
-      const std::uint64_t src = 0x100000 + rng() % 0x32000, bytes = 1 + rng() % 512;
+      // In any of the three allocations, and a little past their ends.
+      const std::uint64_t src = 0x100000 * (1 + rng() % 3) + rng() % 0x10400, bytes = 1 + rng() % 512;
       std::optional<std::uint64_t> want;
       for (const R& r : regions)
         if (src >= r.base && src + bytes <= r.base + r.size) want = mapped_at[r.allocation] + (src - r.allocation);
       CHECK(t.translate(3, 1, src, bytes) == want);
+      hits += want.has_value();
     }
+    CHECK(hits > 50);  // the queries land in regions, not only beside them
   }
 }

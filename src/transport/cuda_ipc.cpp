@@ -61,10 +61,10 @@ void IpcRegions::release(const Region& r) {
 }
 
 Status IpcRegions::add(PeerId peer, DeviceId device, const IpcKey& key, std::uint32_t own_pid) {
-  std::vector<Region>& regions = regions_[{peer, device}];
+  std::map<std::uint64_t, Region>& regions = regions_[{peer, device}];
   // The peer restarted: the regions of its earlier process are gone with it.
-  if (!regions.empty() && std::get<1>(regions.front().allocation) != key.pid) {
-    for (const Region& r : regions) release(r);
+  if (!regions.empty() && std::get<1>(regions.begin()->second.allocation) != key.pid) {
+    for (const auto& [base, r] : regions) release(r);
     regions.clear();
   }
   const AllocationKey allocation{peer, key.pid, key.allocation};
@@ -81,12 +81,11 @@ Status IpcRegions::add(PeerId peer, DeviceId device, const IpcKey& key, std::uin
     m = mappings_.emplace(allocation, fresh).first;
   }
   ++m->second.regions;  // before releasing a region it replaces, which may share the mapping
-  auto same = std::find_if(regions.begin(), regions.end(), [&](const Region& r) { return r.base == key.base; });
-  if (same != regions.end()) {
-    release(*same);
+  if (auto same = regions.find(key.base); same != regions.end()) {
+    release(same->second);
     regions.erase(same);
   }
-  regions.push_back({key.base, key.size, allocation});
+  regions.emplace(key.base, Region{key.base, key.size, allocation});
   return Status::ok();
 }
 
@@ -94,10 +93,15 @@ std::optional<std::uint64_t> IpcRegions::translate(PeerId peer, DeviceId device,
                                                    std::uint64_t bytes) const {
   auto it = regions_.find({peer, device});
   if (it == regions_.end()) return std::nullopt;
-  for (const Region& r : it->second) {
-    if (src < r.base || src - r.base > r.size || bytes > r.size - (src - r.base)) continue;
-    const Mapping& m = mappings_.at(r.allocation);
-    return reinterpret_cast<std::uint64_t>(m.at) + (src - std::get<2>(r.allocation));
+  // The regions starting at or before src, nearest first: with disjoint regions (tensors)
+  // the first holds the span or none does. Overlapping ones (views of one tensor) are tried
+  // in turn; any that holds it translates it alike, as they share an allocation.
+  const std::map<std::uint64_t, Region>& regions = it->second;
+  for (auto r = regions.upper_bound(src); r != regions.begin();) {
+    const Region& g = (--r)->second;
+    if (src - g.base > g.size || bytes > g.size - (src - g.base)) continue;
+    const Mapping& m = mappings_.at(g.allocation);
+    return reinterpret_cast<std::uint64_t>(m.at) + (src - std::get<2>(g.allocation));
   }
   return std::nullopt;
 }

@@ -80,7 +80,9 @@ class IpcRegions {
 
   Open open_;
   Close close_;
-  std::map<std::pair<PeerId, DeviceId>, std::vector<Region>> regions_;
+  // A device's regions by base: a get's segment finds the region holding it by search,
+  // however many tensors a framework adopted on the device.
+  std::map<std::pair<PeerId, DeviceId>, std::map<std::uint64_t, Region>> regions_;
   std::map<AllocationKey, Mapping> mappings_;
 };
 

@@ -71,7 +71,7 @@ struct UcxTransport::Impl {
     std::uintptr_t lo = 0, hi = 0;
     ucp_mem_h memh = nullptr;
   };
-  std::vector<Region> regions;
+  std::vector<Region> regions;  // sorted by lo (memh_for)
   std::vector<Region> arenas;  // allocated by allocate_arena(), until released
   // Every memh, deregistered or not: unmapped only after the worker is destroyed.
   std::vector<ucp_mem_h> mapped;
@@ -95,10 +95,14 @@ struct UcxTransport::Impl {
     loops_done.cancel();
   }
 
+  /// Asked for every run of every segment: `regions` is sorted by lo, so the regions
+  /// starting at or before p are tried nearest first (a framework's disjoint tensors: the
+  /// first holds the run or none does); any region holding the run serves.
   ucp_mem_h memh_for(const void* p, std::size_t n) const {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
-    for (const Region& r : regions)
-      if (a >= r.lo && a + n <= r.hi) return r.memh;
+    auto it = std::upper_bound(regions.begin(), regions.end(), a, [](std::uintptr_t v, const Region& r) { return v < r.lo; });
+    while (it != regions.begin())
+      if (--it; a + n <= it->hi) return it->memh;
     return nullptr;
   }
 
@@ -397,7 +401,9 @@ Registration UcxTransport::register_memory(const MemoryRegion& region) {
   Registration r{region, std::vector<std::byte>(static_cast<std::byte*>(buf), static_cast<std::byte*>(buf) + len),
                  reinterpret_cast<std::uint64_t>(memh)};
   ucp_rkey_buffer_release(buf);
-  impl_->regions.push_back({lo, lo + region.size, memh});
+  auto& regions = impl_->regions;
+  regions.insert(std::upper_bound(regions.begin(), regions.end(), lo, [](std::uintptr_t v, const Impl::Region& g) { return v < g.lo; }),
+                 {lo, lo + region.size, memh});
   if (!ours) impl_->mapped.push_back(memh);
   return r;
 }
