@@ -330,6 +330,24 @@ TEST_CASE("ucx: memory registered on its own is reached through its own key, bes
   get.segments = {{reinterpret_cast<std::uint64_t>(in_arena.data()), reinterpret_cast<std::uint64_t>(to.data()), 4096, 1, 0, 0}};
   const Status outside = post();
   CHECK(has(outside.message(), "no region of device 0 of peer 0 holds address"));
+  // More of the framework's buffers, their keys added out of address order: each get finds
+  // the range holding it; one that runs a byte past a range is refused.
+  std::vector<std::vector<std::byte>> more(3, std::vector<std::byte>(8192));
+  std::vector<Registration> more_regs;
+  for (auto& m : more) {
+    for (std::size_t i = 0; i < m.size(); ++i) m[i] = static_cast<std::byte>(i * 7 + more_regs.size());
+    more_regs.push_back(ucx.register_memory({m.data(), m.size(), 0, MemoryKind::host}));
+  }
+  for (const std::size_t k : {2u, 0u, 1u})
+    REQUIRE(ucx.add_remote_region(0, 0, more_regs[k].remote_key, reinterpret_cast<std::uint64_t>(more[k].data()), more[k].size()).is_ok());
+  for (const auto& m : more) {
+    const auto base = reinterpret_cast<std::uint64_t>(m.data());
+    get.segments = {{base + 100, reinterpret_cast<std::uint64_t>(to.data()), m.size() - 100, 1, 0, 0}};
+    REQUIRE(post().is_ok());
+    CHECK(std::memcmp(to.data(), m.data() + 100, m.size() - 100) == 0);
+    get.segments = {{base + 100, reinterpret_cast<std::uint64_t>(to.data()), m.size() - 99, 1, 0, 0}};
+    CHECK(has(post().message(), "no region of device 0 of peer 0 holds address"));
+  }
   // With the device's key too, one list reads from both: each segment takes its own key.
   REQUIRE(ucx.add_remote_region(0, 0, whole.remote_key).is_ok());
   const auto at = reinterpret_cast<std::uint64_t>(to.data());
@@ -343,6 +361,7 @@ TEST_CASE("ucx: memory registered on its own is reached through its own key, bes
     co_return 0;
   }());
   for (const Registration* r : {&whole, &own, &rd}) ucx.deregister_memory(*r);
+  for (const Registration& r : more_regs) ucx.deregister_memory(r);
 }
 TEST_CASE("cuda transport, without a GPU: refuses host memory at bind and at post, with one clear error") {
   if (!cuda_built()) return;  // nothing to check: make_cuda_transport() throws, as the absent backend should

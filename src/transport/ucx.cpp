@@ -54,14 +54,15 @@ struct UcxTransport::Impl {
   };
   std::map<std::pair<PeerId, DeviceId>, std::vector<RemoteKey>> rkeys;
 
-  /// The key among a peer device's `keys` for [address, address + bytes): a range holding
-  /// it, else the device's whole region; null when neither.
+  /// The key among a peer device's `keys` (sorted by lo, the whole region's first: lo 0)
+  /// for [address, address + bytes): a range holding it, else the device's whole region;
+  /// null when neither. Ranges starting at or before the address are tried nearest first,
+  /// as memh_for does: a framework's disjoint tensors need one try.
   static ucp_rkey_h key_in(const std::vector<RemoteKey>& keys, std::uint64_t address, std::uint64_t bytes) {
-    ucp_rkey_h whole = nullptr;
-    for (const RemoteKey& k : keys) {
-      if (k.hi == 0) whole = k.rkey;
-      else if (address >= k.lo && address + bytes <= k.hi) return k.rkey;
-    }
+    const ucp_rkey_h whole = !keys.empty() && keys.front().hi == 0 ? keys.front().rkey : nullptr;
+    auto it = std::upper_bound(keys.begin(), keys.end(), address, [](std::uint64_t v, const RemoteKey& k) { return v < k.lo; });
+    while (it != keys.begin())
+      if (--it; it->hi != 0 && address + bytes <= it->hi) return it->rkey;
     return whole;
   }
   std::map<UcxBatch*, std::shared_ptr<UcxBatch>> batches;  // in flight
@@ -456,14 +457,16 @@ Status UcxTransport::add_remote_region(PeerId peer, DeviceId device, std::span<c
   if (ucs_status_t s = ucp_ep_rkey_unpack(ep->second, key.data(), &rk); s != UCS_OK)
     return {StatusCode::invalid, "ucx: bad rkey for device " + std::to_string(device) + ": " + ucs(s)};
   const std::uint64_t hi = size == 0 ? 0 : base + size;
-  auto& list = impl_->rkeys[{peer, device}];
+  const std::uint64_t lo = size == 0 ? 0 : base;
+  auto& list = impl_->rkeys[{peer, device}];  // sorted by lo (key_in)
   for (Impl::RemoteKey& k : list)
-    if (k.lo == (size == 0 ? 0 : base) && k.hi == hi) {  // the same region again (a peer that came back)
+    if (k.lo == lo && k.hi == hi) {  // the same region again (a peer that came back)
       ucp_rkey_destroy(k.rkey);
       k.rkey = rk;
       return Status::ok();
     }
-  list.push_back({size == 0 ? 0 : base, hi, rk});
+  list.insert(std::upper_bound(list.begin(), list.end(), lo, [](std::uint64_t v, const Impl::RemoteKey& k) { return v < k.lo; }),
+              {lo, hi, rk});
   return Status::ok();
 }
 
