@@ -1,7 +1,8 @@
 #pragma once
 // The `cuda` backend: copies between CUDA devices of this process — logical devices on
 // one GPU, or different GPUs (peer access enabled on first use) — as cudaMemcpyAsync, and
-// strided runs as one cudaMemcpy2DAsync, on a few streams per GPU; and gets from the
+// strided runs by the strided-copy kernel within one GPU (up to 64 per launch) or as one
+// cudaMemcpy2DAsync each across GPUs, on a few streams per GPU; and gets from the
 // CUDA memory of other processes on this node through CUDA IPC (see CUDA IPC below).
 // One side of a copy may be host staging from alloc_host() (page-locked, so the copy
 // stays asynchronous): how the executor stages GPU memory for a host-only remote

@@ -5,8 +5,9 @@
 // (ncclGroupStart/End) lets one rank send and receive at once without deadlock; so the
 // transport is `grouped`: the executor posts a transition's messages in rounds, each one
 // group that both ends derive from the plan in the same order (BoundTransition::rounds).
-// A message's strided runs are packed into, or unpacked from, staging on its GPU in the
-// same stream as the NCCL operation (`strided_messages`): no host copy, no extra wait.
+// A message's strided runs are packed into, or unpacked from, staging on its GPU by the
+// strided-copy kernel in the same stream as the NCCL operation (`strided_messages`): no
+// host copy, no extra wait.
 //
 // Ranks: one per (process, GPU) pair among the transition group's devices, sorted; every
 // process computes the same table. The process holding rank 0 makes the NCCL unique id
