@@ -1,8 +1,8 @@
 #pragma once
 // Strided runs copied by one kernel (src/transport only): the cuda transport's copies
 // between memory of one GPU and the nccl transport's packing into, and unpacking from,
-// contiguous staging. A reshard's box is many runs (a column split of a weight is a row
-// per run's count); one cudaMemcpy2DAsync each costs an API call and a launch per run,
+// contiguous staging. A reshard's box is many runs (a column slab of a weight: its rows are
+// a run's count); one cudaMemcpy2DAsync each costs an API call and a copy operation,
 // while one launch here copies up to kStridedRunsPerLaunch runs.
 //
 // What a thread does is written once, below, for both compilers: nvcc builds the kernel
