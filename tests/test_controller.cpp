@@ -300,6 +300,9 @@ TEST_CASE("simulator: failed steps cost time, never calibrate, and every second 
     CHECK(r->failure_seconds == doctest::Approx(lost));
     CHECK(r->failed_steps == failed);
     CHECK(r->oom_steps == oom);
+    // The urgent path: a step that cannot run on the current plan gets a switch or a
+    // blocked decision, never "stay".
+    for (const Decision& d : r->decisions) CHECK((!d.urgent || d.admitted || d.blocked));
   }
   // The cost model's memory is calibrated, not exact: on this trace a step runs out of
   // memory, so the failure path above was taken.

@@ -4,7 +4,10 @@
   critic's training layout, a placement change of the reference) begun mid-step, each
   checked bit for bit with --check-state (fixed plan otherwise, room for every layout);
 - the default run (live controller, the default capacity) for a few steps with one forced
-  change and --perfetto: the trace's structure.
+  change and --perfetto: the trace's structure;
+- the live controller's first memory-forced change and two steps past it, for PPO and
+  GRPO (--grow-at -1: responses grow every step, so memory runs short at step 3 rather
+  than step 18 of the default run, which once crashed there).
 Usage: test_ppo.py PPO_PY"""
 import json
 import os
@@ -46,7 +49,30 @@ def main(ppo):
     check(plan["actor/train"].startswith("tp=1,pp=2,dp=1,") and plan["critic/train"].startswith("tp=1,pp=1,dp=2,")
           and plan["reference/infer"].startswith("tp=1,pp=1,dp=2,"),
           f"the final plan has the forced layouts: {plan}")
-    return failed + default_run_trace(ppo, check)
+    return failed + default_run_trace(ppo, check) + memory_forced(ppo, check)
+
+
+def memory_forced(ppo, check):
+    failed_before = check.failed
+    for algorithm in ("ppo", "grpo"):
+        r = subprocess.run([sys.executable, ppo, "--algorithm", algorithm, "--steps", "5", "--grow-at", "-1", "--json",
+                            "--check-state"], capture_output=True, text=True, timeout=240)
+        check(r.returncode == 0, f"{algorithm}: runs through its memory-forced change (rc {r.returncode}): {r.stderr[-1500:]}")
+        if r.returncode != 0:
+            continue
+        out = json.loads(r.stdout)
+        forced = [t for t in out["transitions"] if "memory" in t["trigger"]]
+        check(len(forced) >= 1 and all(t["completed"] for t in out["transitions"]),
+              f"{algorithm}: a memory-triggered transition was admitted and completed: {out['transitions']}")
+        if forced:
+            after = [s for s in out["steps"] if s["step"] > forced[0]["step"]]
+            check(len(after) >= 2 and all(s["plan"] == forced[0]["plan"] for s in after),
+                  f"{algorithm}: two steps ran on the plan it reached")
+        check(out["state_checks"]["passed"] >= 1 and out["state_checks"]["failed"] == 0,
+              f"{algorithm}: state checks across it: {out['state_checks']}")
+        urgent = [d for d in out["decisions"] if "memory" in d["trigger"]]
+        check(bool(urgent) and all(d["admitted"] for d in urgent), f"{algorithm}: no memory-triggered decision stayed: {urgent}")
+    return check.failed - failed_before
 
 
 def nested(events):

@@ -15,11 +15,16 @@ next step's response length, and begins the transition it admits; `every:K` alte
 two plans; `none` keeps the first plan (at the default capacity it runs out of memory
 once responses reach 32 tokens). --force-transition STEP:MODEL_STAGE=SPEC changes a
 stage's layout at a step. --no-nereus runs the same math on plain torch tensors with a
-fixed plan (the baseline for Nereus's cost). See docs/embedding.md.
+fixed plan (the baseline for Nereus's cost; plain_job.py). --check-state compares the
+training state bit for bit across every transition (state_check.py); --perfetto writes a
+trace of stages and transitions (perfetto.py). When the controller finds no plan that
+runs the next step, the run stops with its reason (`ppo.py: error: ...`, exit 1). See
+docs/embedding.md.
 
 Usage: PYTHONPATH=BUILD/python examples/rlhf/ppo.py [--steps N] [--seed S] [--json]
     [--check-state] [--perfetto FILE] [--plan-changes controller|none|every:K]
     [--force-transition STEP:MODEL_STAGE=SPEC ...] [--capacity BYTES] [--no-nereus]
+    [--grow-at REWARD] [--algorithm ppo|grpo]
 """
 import argparse
 import json
@@ -32,6 +37,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nereus  # noqa: E402
 import tp_llama  # noqa: E402
+from perfetto import Trace  # noqa: E402
+from plain_job import PlainJob  # noqa: E402
+from state_check import SNAP  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -88,85 +96,6 @@ def init_weights(job, seed):
                     s.data.copy_(full[(src, s.tensor)][idx])
                 else:
                     s.data.zero_()
-
-
-class PlainShard:
-    def __init__(self, s):
-        self.device, self.tensor, self.slot, self.dtype, self.box = s.device, s.tensor, s.slot, s.dtype, s.box
-        self.data = torch.zeros([hi - lo for lo, hi in s.box], dtype=s.data.dtype)
-
-
-class PlainUnit:
-    def __init__(self, u, job):
-        self.layout, self.devices, self.replica = u.layout, u.devices, u.replica
-        self._shards = [PlainShard(s) for s in u.shards(slot=None)]
-        self._job = job
-
-    def shards(self, slot="param"):
-        return [s for s in self._shards if slot is None or s.slot == slot]
-
-    def workspace(self, device):
-        class Workspace:
-            data = torch.empty(self._job.workspace, dtype=torch.uint8)
-        return Workspace()
-
-
-class PlainJob:
-    """--no-nereus: the same stages and math on plain torch tensors with a fixed plan. The
-    shards' boxes come from a Nereus job's units once, at the start; nothing else does."""
-
-    def __init__(self, job):
-        self.model_stages = job.model_stages
-        self.plan = job.plan
-        self._units = {st: [PlainUnit(u, self) for u in job.units(st)] for st in self.model_stages}
-        self._updates = {st: 0 for st in self.model_stages}
-        self.workspace = 0
-
-    def set_workspace(self, stage, nbytes):
-        self.workspace = nbytes
-
-    def units(self, stage):
-        return self._units[stage]
-
-    def state(self, stage):
-        return {"update_count": self._updates[stage]}
-
-    def stage(self, name):
-        job = self
-
-        class Held:
-            def __enter__(self):
-                return job._units[name]
-
-            def __exit__(self, exc, *_):
-                if exc is None and name.endswith("/train"):
-                    job._updates[name] += 1
-                return False
-
-        return Held()
-
-    def end_step(self):
-        """Weight sync: each trained model's params into its other stages, box by box."""
-        for train in [s for s in self.model_stages if s.endswith("/train")]:
-            role = train.split("/")[0]
-            src = {}
-            for s in self._units[train][0].shards():
-                src.setdefault(s.tensor, []).append(s)
-            for stage in self.model_stages:
-                if stage == train or not stage.startswith(role + "/"):
-                    continue
-                for u in self._units[stage]:
-                    for d in u.shards():
-                        for s in src[d.tensor]:
-                            where = overlap(d.box, s.box)
-                            if where:
-                                d.data[where[0]] = s.data[where[1]]
-
-    def devices(self):
-        return []
-
-    def begin_transition(self, plan):
-        raise SystemExit("ppo.py: error: --no-nereus runs a fixed plan (no transitions)")
 
 
 def split(n, parts, i):
@@ -334,15 +263,6 @@ def value_loss(plen, old_v, returns, clip):
     return loss
 
 
-def overlap(box, other):
-    """Where two boxes meet: (slices into box's block, slices into other's block), or None."""
-    inter = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, other)]
-    if not all(lo < hi for lo, hi in inter):
-        return None
-    return (tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, box)),
-            tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(inter, other)))
-
-
 def gae(rewards, values, gamma=1.0, lam=0.95):
     adv = torch.zeros_like(rewards)
     last = torch.zeros(rewards.shape[0])
@@ -355,52 +275,6 @@ def gae(rewards, values, gamma=1.0, lam=0.95):
     return adv, adv + values
 
 
-def state_of(stage, units, out=None):
-    """A model-stage's slots by their boxes: {(stage, tensor, slot): {box: copy}}."""
-    out = {} if out is None else out
-    for u in units:
-        for s in u.shards(slot=None):
-            out.setdefault((stage, s.tensor, s.slot), {})[tuple(s.box)] = s.data.clone()
-    return out
-
-
-class Snapshots:
-    """--check-state: each checked stage's state taken while the stage still holds its
-    units (a transition may free old units as soon as their stage is done this step)."""
-
-    STAGES = ("actor/train", "critic/train", "reference/infer")
-
-    def stages(self, job):
-        return [s for s in self.STAGES if s in job.model_stages]
-
-    def __init__(self):
-        self.armed, self.before = False, {}
-
-    def take(self, stage, units):
-        if self.armed and stage in self.STAGES:
-            state_of(stage, units, self.before)
-
-
-SNAP = Snapshots()
-
-
-def same_state(before, after, stages):
-    """Each (stage, tensor, slot)'s boxes before, read back from the boxes after (bit for bit)."""
-    for (stage, tensor, slot), boxes in before.items():
-        if stage not in stages:
-            continue
-        later = after[(stage, tensor, slot)]
-        for box, data in boxes.items():
-            for box2, data2 in later.items():
-                where = overlap(box, box2)
-                if where:
-                    x, y = data[where[0]], data2[where[1]]
-                    if not torch.equal(x.view(torch.int16) if x.element_size() == 2 else x.view(torch.int32),
-                                       y.view(torch.int16) if y.element_size() == 2 else y.view(torch.int32)):
-                        return f"{stage} {tensor}@{slot} box {box} differs"
-    return ""
-
-
 def parse_force(items):
     out = {}
     for item in items:
@@ -411,52 +285,6 @@ def parse_force(items):
         except ValueError:
             raise SystemExit(f"ppo.py: error: --force-transition '{item}' must be STEP:MODEL_STAGE=SPEC")
     return out
-
-
-class Trace:
-    """--perfetto: a Chrome/Perfetto trace (ui.perfetto.dev) with, per device, a track of
-    the stages computing on it and tracks of the transition's builds and frees of its
-    units (one track per overlapping build), so a transition is seen hiding behind steps."""
-
-    def __init__(self, origin):
-        self.origin, self.events, self.lanes, self.names, self.transitions = origin, [], {}, {}, 0
-
-    def _us(self, t):
-        return round((t - self.origin) * 1e6, 1)
-
-    def _track(self, tid, name):
-        self.names[tid] = name
-        return tid
-
-    def step(self, k, st, t0, t1):
-        self.events.append({"name": f"step {k}", "ph": "X", "pid": 0, "tid": self._track(0, "steps"),
-                            "ts": self._us(t0), "dur": self._us(t1) - self._us(t0), "args": {"step": k}})
-        for name, a, b, devices in st.spans:
-            for d in devices:
-                self.events.append({"name": name, "ph": "X", "pid": 0, "tid": self._track(1000 * (d + 1), f"device {d}: stages"),
-                                    "ts": self._us(a), "dur": self._us(b) - self._us(a), "args": {"step": k}})
-
-    def transition(self, began, report):
-        for i, n in enumerate(report["nodes"]):
-            a, b = began + n["start"], began + max(n["start"], n["end"])
-            for d in n["devices"]:
-                lanes = self.lanes.setdefault(d, [])
-                lane = next((i for i, end in enumerate(lanes) if end <= a), len(lanes))
-                if lane == len(lanes):
-                    lanes.append(b)
-                lanes[lane] = b
-                tid = self._track(1000 * (d + 1) + 1 + lane, f"device {d}: transition" + (f" ({lane + 1})" if lane else ""))
-                self.events.append({"name": f"{n['kind']} {n['unit']}", "ph": "X", "pid": 0, "tid": tid,
-                                    "ts": self._us(a), "dur": self._us(b) - self._us(a),
-                                    "args": {"bytes": n["bytes"], "node": f"{self.transitions}.{i}", "devices": n["devices"]}})
-        self.transitions += 1
-
-    def write(self, path):
-        meta = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "ppo.py"}}]
-        meta += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": n}} for t, n in self.names.items()]
-        meta += [{"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": t, "args": {"sort_index": t}} for t in self.names]
-        with open(path, "w") as f:
-            json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms"}, f)
 
 
 def main():
@@ -472,6 +300,9 @@ def main():
     ap.add_argument("--algorithm", choices=sorted(JOBS), default="ppo",
                     help="ppo (actor, critic, reference) or grpo (group-relative advantages, no critic)")
     ap.add_argument("--no-nereus", action="store_true", help="the same math on plain torch tensors, fixed plan")
+    ap.add_argument("--grow-at", type=float, default=GROW_AT, metavar="REWARD",
+                    help=f"responses grow 8 tokens once the mean reward passes this (default {GROW_AT}; "
+                         "below 0: every step, so memory runs short within a few steps)")
     a = ap.parse_args()
     force = parse_force(a.force_transition)
     every = int(a.plan_changes.split(":")[1]) if a.plan_changes.startswith("every:") else 0
@@ -506,7 +337,7 @@ def main():
         numeric = (resp < 100).float()
         score = numeric.mean(1)
         # The curriculum: responses grow once the policy writes enough numbers.
-        next_length = length + 8 if score.mean().item() > GROW_AT and length < MAX_LEN else length
+        next_length = length + 8 if score.mean().item() > a.grow_at and length < MAX_LEN else length
         target, decision = None, None
         if k in force:
             target, trigger = dict(job.plan, **force[k]), "forced"
@@ -554,13 +385,9 @@ def main():
             report = pending["handle"].wait()
             exposed = st.waited - pending["waited"] + time.perf_counter() - w0
             if SNAP.armed:
-                SNAP.armed = False
-                after = {}
-                for stage in SNAP.stages(job):
-                    state_of(stage, job.units(stage), after)
                 # Training stages: every slot; generation and inference stages of trained
                 # models were synced or rebuilt from them; the reference is checked as is.
-                bad = same_state(SNAP.before, after, set(SNAP.stages(job)))
+                bad = SNAP.compare(job)
                 checks["passed" if not bad else "failed"] += 1
                 if bad:
                     print("check-state:", bad, file=sys.stderr)
@@ -603,4 +430,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except nereus.Error as e:  # e.g. the controller found no plan that runs the next step
+        print(f"ppo.py: error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -35,7 +35,8 @@ json plan_json(const GlobalPlan& p) {
 
 json decision_json(const Decision& d) {
   auto finite = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
-  return {{"trigger", d.trigger},  {"urgent", d.urgent}, {"admitted", d.admitted}, {"why", d.why},
+  return {{"trigger", d.trigger},  {"urgent", d.urgent}, {"admitted", d.admitted}, {"blocked", d.blocked}, {"why", d.why},
+          {"refused", d.refused},
           {"current_seconds", finite(d.current_seconds)}, {"target_seconds", finite(d.target_seconds)},
           {"transition_seconds", d.transition_seconds}, {"moved_bytes", d.moved_bytes}, {"decision_ms", d.decision_ms}};
 }
@@ -107,6 +108,7 @@ class JobLife {
         if (seen) ctl_.observe(ran_on, *seen);  // a transition beside the step changed the plan since
         const Decision dec = ctl_.decide(now, current);
         step["decision"] = decision_json(dec);
+        if (dec.blocked) throw Error("controller: " + dec.why);
         if (dec.admitted) target = dec.target;
       }
       if (target) {
@@ -389,6 +391,7 @@ class JobLife {
       const Signals now = signals(step, len);
       const Decision dec = ctl_.decide(now, intact);
       rec["decision"] = decision_json(dec);
+      if (dec.blocked) throw Error("recovery: controller: " + dec.why);
       if (dec.admitted) {
         rec["target_plan"] = plan_json(survivors.to_devices(dec.target));
         begin("recovery", "recovery");

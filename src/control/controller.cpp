@@ -100,13 +100,6 @@ void Controller::measure_memory(std::uint64_t predicted, std::uint64_t measured)
 
 namespace {
 
-bool uses_missing(const GlobalPlan& p, int gpus) {
-  for (const auto& [name, spec] : p.stages)
-    for (DeviceId d : spec.devices)
-      if (d >= gpus) return true;
-  return false;
-}
-
 bool same_plan(const GlobalPlan& a, const GlobalPlan& b) {
   if (a.stages.size() != b.stages.size()) return false;
   for (std::size_t i = 0; i < a.stages.size(); ++i)
@@ -262,8 +255,8 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   auto done = [&](Decision& d) {
     d.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (d.replanned || d.admitted)  // one line per decision, with its numbers
-      log(LogLevel::info, "controller", "step {} [{}] {}: {} (now {:.3f} s/step, target {:.3f} s, L_tran {:.3f} s, H {:.1f}, {} moved, {:.2f} ms)",
-          d.step, d.trigger, d.admitted ? "switch" : "stay", d.why, d.current_seconds, d.target_seconds, d.transition_seconds,
+      log(d.blocked ? LogLevel::warn : LogLevel::info, "controller", "step {} [{}] {}: {} (now {:.3f} s/step, target {:.3f} s, L_tran {:.3f} s, H {:.1f}, {} moved, {:.2f} ms)",
+          d.step, d.trigger, d.admitted ? "switch" : d.blocked ? "blocked" : "stay", d.why, d.current_seconds, d.target_seconds, d.transition_seconds,
           d.horizon_steps, human_bytes(d.moved_bytes), d.decision_ms);
     return d;
   };
@@ -271,7 +264,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   d.step = s.step;
   remember(s);
   const Workload w = workload(s);
-  const bool invalid = uses_missing(current, s.gpus);
+  const bool invalid = outside_pool(current, s.gpus);
   const PlanEstimate cur = invalid ? PlanEstimate{} : estimate_plan(model_, job_, current, w, options_.headroom);
   d.current_seconds = invalid || !cur.fits ? std::numeric_limits<double>::infinity() : cur.step_seconds;
   std::vector<std::string> trig;
@@ -286,7 +279,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     d.urgent = invalid;
     d.target = rescale(current, s.gpus);
     d.why = "static: keep TP/PP, scale DP with the pool";
-    if (uses_missing(d.target, s.gpus)) {
+    if (outside_pool(d.target, s.gpus)) {
       // A unit of the kept layouts is larger than the pool, so no layout of it can be kept
       // whole. The baseline does what it did at the start, on the GPUs present: the
       // planner's plan for the first step's signals (never a unit outside the pool).
@@ -369,43 +362,54 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
       d.charged_seconds = d.transition_seconds;
       d.moved_bytes = g.summary.moved_bytes;
       d.why += "; fallback: the same layouts, fewer replicas, sharing GPUs";
+    } else if (d.urgent) {
+      d.blocked = true;
+      d.why = shortfall(current, s, w) + "; " + d.why;
     }
     return done(d);
   }
   // S*, then slightly slower plans that keep a model-stage as it is (cheaper to reach),
   // and the current layouts with DP scaled to the pool (the cheapest change of all, which
   // a plan out of reach must not leave untried).
-  std::vector<std::pair<double, GlobalPlan>> options{{best.step_seconds, best.plan}};
+  std::vector<PlanOption> options{{best.step_seconds, best.plan, "S*"}};
   if (!invalid)
     for (std::size_t i = 0; i < best.plan.stages.size() && static_cast<int>(options.size()) <= options_.alternatives; ++i) {
       GlobalPlan alt = best.plan;
       alt.stages[i].second = *current.find(alt.stages[i].first);
       const PlanEstimate e = estimate_plan(model_, job_, alt, w, options_.headroom);
-      if (e.fits) options.emplace_back(e.step_seconds, alt);
+      if (e.fits) options.push_back({e.step_seconds, alt, "S* keeping " + alt.stages[i].first});
     }
-  if (const GlobalPlan scaled = rescale(current, s.gpus); !uses_missing(scaled, s.gpus))
-    if (const PlanEstimate e = estimate_plan(model_, job_, scaled, w, options_.headroom); e.fits) options.emplace_back(e.step_seconds, scaled);
-  std::stable_sort(options.begin(), options.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (const GlobalPlan scaled = rescale(current, s.gpus); !outside_pool(scaled, s.gpus))
+    if (const PlanEstimate e = estimate_plan(model_, job_, scaled, w, options_.headroom); e.fits)
+      options.push_back({e.step_seconds, scaled, "the current layouts, DP scaled to the pool"});
+  std::stable_sort(options.begin(), options.end(), [](const auto& a, const auto& b) { return a.seconds < b.seconds; });
   std::string rejected;
   std::optional<double> lead;  // the current plan's, the same for every candidate
-  for (const auto& [predicted, plan] : options) {
-    if (same_plan(plan, current)) {
+  auto refuse = [&](const PlanOption& o, std::string why) {
+    d.refused.push_back(o.source + ": " + why);
+    log(d.urgent ? LogLevel::info : LogLevel::debug, "controller", "step {} refused {} ({}): {}", s.step, o.source,
+        to_string(o.plan), why);
+    rejected = std::move(why);
+  };
+  // Admits `o` when it is reachable and (not urgent) pays back.
+  auto consider = [&](const PlanOption& o) {
+    if (same_plan(o.plan, current)) {
       if (rejected.empty()) rejected = "already on the best plan";
-      continue;
+      return false;
     }
-    const TransitionGraph g = transition(current, plan, s);
+    const TransitionGraph g = transition(current, o.plan, s);
     if (!g.feasibility.ok) {
-      rejected = "unreachable: " + g.feasibility.reason;
-      continue;
+      refuse(o, "unreachable: " + g.feasibility.reason);
+      return false;
     }
-    const double gain = d.current_seconds - predicted;
+    const double gain = d.current_seconds - o.seconds;
     // Beside the steps, a transition costs the steps only what they wait for it.
     double cost = g.summary.l_tran_seconds;
     if (options_.beside_steps && !d.urgent) {
       if (!lead) lead = generation_lead(current, w);
-      cost = wait_for(plan, g, w, *lead);
+      cost = wait_for(o.plan, g, w, *lead);
     }
-    d.target_seconds = predicted;
+    d.target_seconds = o.seconds;
     d.transition_seconds = g.summary.l_tran_seconds;
     d.charged_seconds = cost;
     d.moved_bytes = g.summary.moved_bytes;
@@ -414,21 +418,38 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     else if (options_.policy == Policy::every) admit = true;
     else if (options_.policy == Policy::greedy) admit = gain > 0;
     else admit = gain > 0 && cost / gain <= options_.gamma * d.horizon_steps;
-    if (admit) {
-      d.admitted = true;
-      d.target = plan;
-      reference_seconds_ = predicted;
-      if (predicted > best.step_seconds * (1 + options_.delta / 3) && !retry) retry_horizon_ = d.horizon_steps;
+    if (!admit) {
       char buf[200];
-      std::snprintf(buf, sizeof buf, "%s: %.3f s -> %.3f s per step, L_tran %.3f s (charged %.3f s), H %.1f steps",
-                    d.urgent ? "urgent" : "pays back", d.current_seconds, predicted, d.transition_seconds, cost, d.horizon_steps);
-      d.why = buf;
-      return done(d);
+      std::snprintf(buf, sizeof buf, "gain %.3f s per step does not pay back %s %.3f s within %g x %.1f steps", gain,
+                    options_.beside_steps ? "its predicted wait" : "L_tran", cost, options_.gamma, d.horizon_steps);
+      refuse(o, buf);  // a slower candidate may still pay back with a cheaper transition
+      return false;
     }
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "gain %.3f s per step does not pay back %s %.3f s within %g x %.1f steps", gain,
-                  options_.beside_steps ? "its predicted wait" : "L_tran", cost, options_.gamma, d.horizon_steps);
-    rejected = buf;  // a slower candidate may still pay back with a cheaper transition
+    d.admitted = true;
+    d.target = o.plan;
+    reference_seconds_ = o.seconds;
+    // Short of S* (a cheaper step towards it, or an intermediate): try again next step.
+    if (o.seconds > best.step_seconds * (1 + options_.delta / 3) && !retry) retry_horizon_ = d.horizon_steps;
+    char buf[300];
+    std::snprintf(buf, sizeof buf, "%s (%s): %.3f s -> %.3f s per step, L_tran %.3f s (charged %.3f s), H %.1f steps",
+                  d.urgent ? "urgent" : "pays back", o.source.c_str(), d.current_seconds, o.seconds, d.transition_seconds,
+                  cost, d.horizon_steps);
+    d.why = buf;
+    return true;
+  };
+  for (const PlanOption& o : options)
+    if (consider(o)) return done(d);
+  if (d.urgent) {
+    // The current plan cannot run the next step, so staying is no answer: go down the
+    // urgent path's candidates until one is runnable and reachable.
+    for (const PlanOption& o : urgent_options(current, options, s.gpus, w))
+      if (consider(o)) return done(d);
+    d.blocked = true;
+    d.target_seconds = d.transition_seconds = d.charged_seconds = 0;
+    d.moved_bytes = 0;
+    d.why = shortfall(current, s, w) + ", and none of the " + std::to_string(d.refused.size()) +
+            " plans tried can be reached (the last: " + rejected + ")";
+    return done(d);
   }
   d.why = rejected;
   return done(d);

@@ -176,7 +176,12 @@ GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages) {
   return plan;
 }
 
-PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const Workload& w, const PlannerOptions& o) {
+namespace {
+
+/// plan_job's search. With `frontier`, the fast path is skipped and every plan of the
+/// final Pareto set (time, resident, transient) is written there, fastest first.
+PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Workload& w, const PlannerOptions& o,
+                 std::vector<PlanChoice>* frontier) {
   const auto t0 = std::chrono::steady_clock::now();
   if (gpus < 1) throw Error("plan: the pool has no GPUs");
   PlanChoice out;
@@ -201,7 +206,7 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
     }
   // Fast path: each phase as fast as its stages can go side by side on the pool, ignoring
   // what the other phases hold; when that combination fits every GPU it is the optimum.
-  {
+  if (!frontier) {
     std::vector<std::pair<std::size_t, std::size_t>> pick;  // per stage (phase order): front index
     double total = 0, resident = 0, transient = 0;
     bool ok = true;
@@ -339,38 +344,63 @@ PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const 
     out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
-  // The fastest; back to each stage's candidate.
+  // Back from a point of the last chain to each stage's candidate.
+  auto choice_of = [&](std::size_t point) {
+    PlanChoice c;
+    std::vector<PlannedStage> chosen;
+    int at = static_cast<int>(point);
+    for (std::size_t p = phases.size(); p-- > 0;) {
+      const Point& q = chain[p][static_cast<std::size_t>(at)];
+      const int in_phase = phase_sets[p][static_cast<std::size_t>(q.b)].a;
+      at = q.a;
+      int idx = in_phase;
+      for (std::size_t k = levels[p].size(); k-- > 0;) {
+        const Point& lv = levels[p][k][static_cast<std::size_t>(idx)];
+        const Point& f = fronts[p][k][static_cast<std::size_t>(lv.b)];
+        const Evaluated& e = evals[p][k];
+        const Candidate& cand = e.candidates[static_cast<std::size_t>(f.a)];
+        const ModelStage& st = phases[p][k];
+        chosen.push_back({st.name(), cand, f.t, model.memory(st, cand, w)});
+        idx = lv.a;
+      }
+    }
+    for (const ModelStage& s : model_stages(job))
+      for (const PlannedStage& x : chosen)
+        if (x.model_stage == s.name()) c.stages.push_back(x);
+    c.feasible = true;
+    c.step_seconds = chain.back()[point].t;
+    c.peak_memory_bytes = static_cast<std::uint64_t>(chain.back()[point].r + chain.back()[point].x) + model.overhead_bytes();
+    c.plan = place(job, c.stages);
+    c.candidates = out.candidates;
+    c.frontier = out.frontier;
+    return c;
+  };
+  // The fastest.
   std::size_t best = 0;
   for (std::size_t i = 1; i < chain.back().size(); ++i)
     if (chain.back()[i].t < chain.back()[best].t) best = i;
-  std::vector<PlannedStage> chosen;
-  int at = static_cast<int>(best);
-  for (std::size_t p = phases.size(); p-- > 0;) {
-    const Point& c = chain[p][static_cast<std::size_t>(at)];
-    const int in_phase = phase_sets[p][static_cast<std::size_t>(c.b)].a;
-    at = c.a;
-    int idx = in_phase;
-    for (std::size_t k = levels[p].size(); k-- > 0;) {
-      const Point& lv = levels[p][k][static_cast<std::size_t>(idx)];
-      const Point& f = fronts[p][k][static_cast<std::size_t>(lv.b)];
-      const Evaluated& e = evals[p][k];
-      const Candidate& cand = e.candidates[static_cast<std::size_t>(f.a)];
-      const ModelStage& st = phases[p][k];
-      chosen.push_back({st.name(), cand, f.t, model.memory(st, cand, w)});
-      idx = lv.a;
-    }
+  out = choice_of(best);
+  if (frontier) {
+    std::vector<std::size_t> by_time(chain.back().size());
+    for (std::size_t i = 0; i < by_time.size(); ++i) by_time[i] = i;
+    std::stable_sort(by_time.begin(), by_time.end(),
+                     [&](std::size_t a, std::size_t b) { return before(chain.back()[a], chain.back()[b]); });
+    for (std::size_t i : by_time) frontier->push_back(choice_of(i));
   }
-  std::vector<PlannedStage> ordered;
-  for (const ModelStage& s : model_stages(job))
-    for (const PlannedStage& c : chosen)
-      if (c.model_stage == s.name()) ordered.push_back(c);
-  out.feasible = true;
-  out.stages = std::move(ordered);
-  out.step_seconds = chain.back()[best].t;
-  out.peak_memory_bytes =
-      static_cast<std::uint64_t>(chain.back()[best].r + chain.back()[best].x) + model.overhead_bytes();
-  out.plan = place(job, out.stages);
   out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace
+
+PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const Workload& w, const PlannerOptions& o) {
+  return solve(model, job, gpus, w, o, nullptr);
+}
+
+std::vector<PlanChoice> plan_frontier(const CostModel& model, const JobSpec& job, int gpus, const Workload& w,
+                                      const PlannerOptions& o) {
+  std::vector<PlanChoice> out;
+  solve(model, job, gpus, w, o, &out);
   return out;
 }
 
@@ -436,6 +466,7 @@ PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const Glo
     PlanEstimate e;
     e.recompute = re;
     std::map<DeviceId, std::uint64_t> resident, transient;
+    std::map<DeviceId, std::string> working;  // the stage with the largest transient per GPU
     for (const ModelStage& s : og.stages) {
       const CollectionSpec* spec = plan.find(s.name());
       if (!spec) throw Error("estimate: the plan has no layout for '" + s.name() + "'");
@@ -444,13 +475,20 @@ PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const Glo
       const StageMemory m = model.memory(s, c, w);
       for (DeviceId d : spec->devices) {
         resident[d] += m.resident;
+        if (working[d].empty() || m.transient > transient[d]) working[d] = s.name();
         transient[d] = std::max(transient[d], m.transient);
       }
     }
     e.step_seconds = og.step_seconds(e.stage_seconds);
-    for (const auto& [d, r] : resident) e.peak_memory_bytes = std::max(e.peak_memory_bytes, r + transient[d]);
+    for (const auto& [d, r] : resident)
+      if (e.peak_device < 0 || r + transient[d] > e.peak_memory_bytes) {
+        e.peak_memory_bytes = r + transient[d];
+        e.peak_device = d;
+        e.peak_stage = working[d];
+      }
     e.peak_memory_bytes += model.overhead_bytes();
-    e.fits = e.peak_memory_bytes <= model.budget(headroom) + model.overhead_bytes();
+    e.budget_bytes = model.budget(headroom) + model.overhead_bytes();
+    e.fits = e.peak_memory_bytes <= e.budget_bytes;
     if (!re || !best.fits) best = e;
     if (best.fits) break;
   }

@@ -48,4 +48,19 @@ ClusterSpec load_cluster(std::string_view arg) {
   return parse_cluster(read_file_or_preset(PresetKind::cluster, arg, "cluster"), arg);
 }
 
+ClusterSpec host_cluster(int devices, std::size_t capacity) {
+  ClusterSpec s;
+  s.name = "host";
+  s.nodes = 1;
+  s.gpus_per_node = devices;
+  s.gpu_name = "host memory";
+  s.gpu_memory_gib = static_cast<double>(capacity) / static_cast<double>(1ull << 30);
+  s.gpu_bf16_tflops = 0.05;
+  s.hbm_gbps = 10;
+  s.intra_node_gbps = 5;
+  s.inter_node_gbps = 1;
+  s.framework_overhead_gib = 0;
+  return s;
+}
+
 }  // namespace nereus

@@ -73,6 +73,19 @@ std::string to_json_text(const GlobalPlan& plan) {
   return out + "\n}\n";
 }
 
+bool outside_pool(const GlobalPlan& plan, int gpus) {
+  for (const auto& [name, spec] : plan.stages)
+    for (DeviceId d : spec.devices)
+      if (d >= gpus) return true;
+  return false;
+}
+
+std::string to_string(const GlobalPlan& plan) {
+  std::string out;
+  for (const auto& [name, spec] : plan.stages) out += (out.empty() ? "" : " ") + name + "=" + to_string(spec);
+  return out;
+}
+
 std::vector<Collection> plan_collections(const JobSpec& job, const GlobalPlan& plan, std::int64_t device_count) {
   std::vector<Collection> out;
   for (const ModelStage& s : model_stages(job)) {

@@ -173,7 +173,9 @@ py::dict decision_dict(const Decision& x, double gamma) {
   d["urgent"] = x.urgent;
   d["replanned"] = x.replanned;
   d["admitted"] = x.admitted;
+  d["blocked"] = x.blocked;
   d["why"] = x.why;
+  d["refused"] = x.refused;
   d["current_seconds"] = x.current_seconds;
   d["target_seconds"] = x.target_seconds;
   d["delta_seconds"] = x.current_seconds - x.target_seconds;  // ΔL
@@ -400,11 +402,16 @@ void bind_job(py::module_& m) {
         o.next.response_len_mean = next_response_len_mean.value_or(response_len_mean);
         o.next.response_len_p95 = next_response_len_p95.value_or(response_len_p95);
         o.next.link_slowdown = link_slowdown;
-        return decision_dict(j.report(o), j.gamma());
+        const Decision d = j.report(o);
+        // No plan the controller can reach runs the next step: the job stops here, with the
+        // controller's reason, rather than in the next stage that runs out of memory.
+        if (d.blocked) throw Error("controller: " + d.why);
+        return decision_dict(d, j.gamma());
       }, py::arg("stage_seconds"), py::arg("response_len_mean"), py::arg("response_len_p95"), py::arg("gpus") = py::none(),
          py::arg("link_slowdown") = 1.0, py::arg("peak_bytes") = 0, py::arg("next_response_len_mean") = py::none(),
          py::arg("next_response_len_p95") = py::none(),
-         "Feeds the live controller one step's measurements; returns its decision for the next step.")
+         "Feeds the live controller one step's measurements; returns its decision for the next step. Raises "
+         "nereus.Error when the next step cannot run on the current plan and no plan that can is reachable.")
       .def("load_weights", [](PyJob& j, const std::string& what, const std::string& path) {
         j.loop().call([&] { j.job().load_weights(what, path); });
       }, py::arg("what"), py::arg("path"))

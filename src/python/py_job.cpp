@@ -37,22 +37,10 @@ std::size_t capacity_of(py::handle c) {
   return parse_capacity(py::str(c).cast<std::string>());
 }
 
-/// A cluster for the controller: a preset or file, or one "node" of the job's host
-/// devices, whose rough speeds the controller's calibration corrects from measured times.
+/// A cluster for the controller: a preset or file, or one "node" of the job's host devices.
 ClusterSpec cluster_of(py::handle c, int devices, std::size_t capacity) {
   if (!c.is_none()) return load_cluster(py::str(c).cast<std::string>());
-  ClusterSpec s;
-  s.name = "host";
-  s.nodes = 1;
-  s.gpus_per_node = devices;
-  s.gpu_name = "host memory";
-  s.gpu_memory_gib = static_cast<double>(capacity) / static_cast<double>(1ull << 30);
-  s.gpu_bf16_tflops = 0.05;
-  s.hbm_gbps = 10;
-  s.intra_node_gbps = 5;
-  s.inter_node_gbps = 1;
-  s.framework_overhead_gib = 0;  // the arenas hold only units and workspaces
-  return s;
+  return host_cluster(devices, capacity);
 }
 
 }  // namespace

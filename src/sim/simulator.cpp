@@ -246,7 +246,7 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
       if (d.replanned || d.admitted) {
         ++r.replans;
         decision_ms.push_back(d.decision_ms);
-        rec.decision = d.admitted ? "switch: " + d.why : "stay: " + d.why;
+        rec.decision = (d.admitted ? "switch: " : d.blocked ? "blocked: " : "stay: ") + d.why;
       }
       if (d.admitted) {
         const TransitionGraph g = mover.transition(plan, d.target, seen);

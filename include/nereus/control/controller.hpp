@@ -14,6 +14,14 @@
 // kept, and the current layouts with DP scaled to the pool; when one of them is admitted
 // (more than δ/3 slower than S*), the next step replans once more ("retry") from the plan
 // it reached, over the same horizon.
+//
+// The urgent path (the current plan cannot run the next step) never ends in "stay": after
+// those candidates it tries the planner's whole frontier (slower plans that hold less per
+// GPU), each candidate's layouts placed again to spread memory, and intermediate plans
+// that move one model-stage towards a candidate (the retry then goes on from there), until
+// one is both runnable (the cost model fits it) and reachable (its transition graph fits
+// every GPU). When none is, the decision is `blocked`, and its `why` names the step, the
+// model-stage, the GPU and the shortfall: the job cannot go on.
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -84,6 +92,20 @@ struct Decision {
   std::uint64_t moved_bytes = 0;
   double decision_ms = 0;        ///< planner + transition graphs
   GlobalPlan target;             ///< when admitted
+  /// Urgent, and no candidate is both runnable and reachable: the next step cannot run on
+  /// any plan the controller knows how to reach. `why` says what is short where.
+  bool blocked = false;
+  /// Candidates tried and refused, each "where it came from: why" (logged at debug; at
+  /// info when urgent).
+  std::vector<std::string> refused;
+};
+
+/// A plan the controller may move to: its predicted step latency and where it came from
+/// ("S*", "S* keeping actor/train", "frontier 3", ...).
+struct PlanOption {
+  double seconds = 0;
+  GlobalPlan plan;
+  std::string source;
 };
 
 /// What a running job measured in one step: the live controller's input (the embedding
@@ -143,6 +165,12 @@ class Controller {
   /// exposed_seconds() for a step before that ended `lead` seconds after its generation.
   double wait_for(const GlobalPlan& to, const TransitionGraph& g, const Workload& w, double lead) const;
   void remember(const Signals& s);
+  /// The urgent path's candidates after `tried` (urgent_path.cpp): runnable by the cost
+  /// model, in the order they are tried.
+  std::vector<PlanOption> urgent_options(const GlobalPlan& current, const std::vector<PlanOption>& tried, int gpus,
+                                         const Workload& w) const;
+  /// Why the step `s` announces cannot run on `current`: the GPU, the model-stage and the shortfall.
+  std::string shortfall(const GlobalPlan& current, const Signals& s, const Workload& w) const;
 
   const JobSpec& job_;
   ClusterSpec cluster_;

@@ -9,6 +9,7 @@
 // same GPUs (times add up; resident memory adds up, since a GPU keeps one model-stage of
 // each phase; transient memory: the largest, since one stage runs at a time). A plan is
 // feasible when resident + transient + overhead fits the GPU with 10% headroom.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,12 @@ std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const
 PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const Workload& w,
                     const PlannerOptions& options = {});
 
+/// Every plan of the planner's final Pareto set (step time; resident and transient bytes
+/// per GPU), fastest first: S*, then plans slower but leaner in memory. The controller's
+/// urgent path tries them when S* cannot be reached. Empty when no plan fits.
+std::vector<PlanChoice> plan_frontier(const CostModel& model, const JobSpec& job, int gpus, const Workload& w,
+                                      const PlannerOptions& options = {});
+
 /// The same optimum by trying every combination of candidates (small cases, tests).
 PlanChoice plan_job_exhaustive(const CostModel& model, const JobSpec& job, int gpus, const Workload& w,
                                const PlannerOptions& options = {});
@@ -68,6 +75,9 @@ struct PlanEstimate {
   bool fits = false;  ///< peak within capacity × (1 − headroom)
   bool recompute = false;  ///< training stages recompute activations (the full ones do not fit)
   std::vector<double> stage_seconds;
+  DeviceId peak_device = -1;  ///< the busiest GPU
+  std::string peak_stage;     ///< the model-stage whose working memory sets that GPU's peak
+  std::uint64_t budget_bytes = 0;  ///< what fits a GPU: capacity × (1 − headroom), overhead included
 };
 PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const GlobalPlan& plan, const Workload& w,
                            double headroom = 0.1);
@@ -78,5 +88,12 @@ Candidate candidate_of(const CollectionSpec& spec, bool recompute = false);
 /// Lays out chosen candidates on GPUs 0..: per phase, model-stages in descending unit size
 /// on consecutive blocks, so TP groups (powers of two, at most a node) stay inside a node.
 GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages);
+
+/// The layouts of `plan` placed again to spread memory: phase by phase, each unit (largest
+/// first) on the free aligned block of its size (inside one node when it fits one) whose
+/// busiest GPU would hold the least. The controller's urgent path tries it when the
+/// planner's packing from GPU 0 overflows a GPU. Empty when the units do not fit the pool.
+std::optional<GlobalPlan> place_balanced(const CostModel& model, const JobSpec& job, const GlobalPlan& plan, int gpus,
+                                         const Workload& w);
 
 }  // namespace nereus

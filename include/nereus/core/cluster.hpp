@@ -1,5 +1,6 @@
 #pragma once
 // Cluster descriptions (interfaces.md, "Cluster").
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -37,5 +38,10 @@ ClusterSpec parse_cluster(std::string_view json_text, std::string_view origin);
 int data_sheet_compute_units(std::string_view gpu_name);
 /// A path to a cluster JSON, or a preset name (e.g. "h200-node").
 ClusterSpec load_cluster(std::string_view arg);
+/// The cluster an embedded job's controller plans for when it runs on `devices` host
+/// devices of `capacity` bytes each: one "node" with rough speeds, which the controller's
+/// calibration corrects from the times the job measures, and no framework overhead (the
+/// devices' arenas hold only units and workspaces).
+ClusterSpec host_cluster(int devices, std::size_t capacity);
 
 }  // namespace nereus

@@ -33,6 +33,10 @@ GlobalPlan load_global_plan(const JobSpec& job, std::string_view arg);
 
 /// The plan file text of `plan` (one line per model-stage).
 std::string to_json_text(const GlobalPlan& plan);
+/// Whether `plan` places a unit on a device outside a pool of devices 0..gpus − 1.
+bool outside_pool(const GlobalPlan& plan, int gpus);
+/// One line: "model-stage=spec model-stage=spec ..." (logs, and as a key).
+std::string to_string(const GlobalPlan& plan);
 
 /// The EMU collections of a plan, one per model-stage in stage order; training stages carry
 /// the optimizer slots. Throws Error (naming the model-stage) on an invalid collection or,
