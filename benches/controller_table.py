@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Every policy of `nereus simulate` on the drift traces, as the markdown table of
-docs/controller.md. Usage: benches/controller_table.py NEREUS [SHARED_DIR]. One run per
+docs/controller.md. Usage: benches/controller_table.py NEREUS [TRACES_DIR] (default examples/traces). One run per
 row (seed 1); the ratio column is against `static` of the same trace and job."""
 import json
 import os
@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 nereus = sys.argv[1]
-shared = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "shared")
+traces = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "examples", "traces")
 here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 cases = [  # (trace name, cluster, trace file, jobs, transitions mode)
-    ("length-growth-64gpu", "paper-cluster-2-a100", os.path.join(shared, "traces", "length-growth-64gpu.jsonl"),
+    ("length-growth-64gpu", "paper-cluster-2-a100", os.path.join(traces, "length-growth-64gpu.jsonl"),
      ["ppo-llama-3.1-8b"], "overlap"),
-    ("spot-16-64gpu", "paper-cluster-2-a100", os.path.join(shared, "traces", "spot-16-64gpu.jsonl"),
+    ("spot-16-64gpu", "paper-cluster-2-a100", os.path.join(traces, "spot-16-64gpu.jsonl"),
      [os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p256.json"), "ppo-llama-3.1-8b",
       os.path.join(here, "examples", "jobs", "ppo-llama-3.1-8b-p4096.json")], "overlap"),
     ("paper-window-32gpu", "paper-cluster-2-a100", os.path.join(here, "examples", "traces", "paper-window-32gpu.jsonl"),
@@ -26,9 +26,9 @@ cases = [  # (trace name, cluster, trace file, jobs, transitions mode)
     ("growth-1024gpu", "paper-cluster-1-mi250x", os.path.join(here, "examples", "traces", "growth-1024gpu.jsonl"),
      ["ppo-llama-3.1-8b"], "overlap"),
     # Mixture of experts: GRPO on Qwen3-30B-A3B, expert-parallel layouts searched.
-    ("length-growth-64gpu", "paper-cluster-3-h200", os.path.join(shared, "traces", "length-growth-64gpu.jsonl"),
+    ("length-growth-64gpu", "paper-cluster-3-h200", os.path.join(traces, "length-growth-64gpu.jsonl"),
      [os.path.join(here, "examples", "jobs", "grpo-qwen3-30b-a3b.json")], "overlap"),
-    ("spot-16-64gpu", "paper-cluster-3-h200", os.path.join(shared, "traces", "spot-16-64gpu.jsonl"),
+    ("spot-16-64gpu", "paper-cluster-3-h200", os.path.join(traces, "spot-16-64gpu.jsonl"),
      [os.path.join(here, "examples", "jobs", "grpo-qwen3-30b-a3b.json")], "overlap"),
 ]
 policies = ["nereus", "static", "static-max", "greedy", "every:3"]

@@ -2,7 +2,7 @@
 # No crash on peer death, under load: CYCLES (default 50) of start three daemons, run a
 # job of three steps across them, SIGKILL or SIGSTOP node 1 or 2 at a random moment,
 # recover, verify (benches/soak.py says how each cycle is judged). Under ASan + UBSan by
-# default (the build-asan tree scripts/test.sh builds); NEREUS_BUILD=DIR soaks another
+# default (the build-san tree scripts/test.sh builds); NEREUS_BUILD=DIR soaks another
 # build, NEREUS_SOAK_SEED picks the random moments, NEREUS_SOAK_LOGS=DIR keeps the logs of
 # cycles that failed, NEREUS_SOAK_TRANSPORT=ucx runs the job's builds as gets (default
 # ucx-tag, two-sided, as cluster job's default). Not in CI. Ends with one JSON line: cycles, crashes, hangs, verified
@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cycles=${1:-50}
-dir=${NEREUS_BUILD:-build-asan}
+dir=${NEREUS_BUILD:-build-san}
 if [ ! -d "$dir" ]; then
   bash scripts/build.sh "$dir" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug >/dev/null ||
     { echo "soak: build of $dir failed" >&2; exit 1; }

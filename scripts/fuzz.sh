@@ -3,7 +3,8 @@
 # SECONDS (default 10; CI runs this briefly, run it longer by hand), starting from seeds
 # made of the presets, the examples and fuzz/seeds/. A finding (crash, leak, sanitizer
 # report, an exception other than nereus::Error, a hang) fails the run and leaves the input
-# in build-fuzz/findings/.
+# in build-san/findings/. The targets live in the sanitizer tree (scripts/build.sh
+# --sanitizer; NEREUS_FUZZ_BUILD names another).
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     targets: frame layout model cluster job trace
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,15 +12,8 @@ secs=${1:-10}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(frame layout model cluster job trace)
-dir=build-fuzz
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz: clang++ not found (Debian packages clang and libclang-rt-dev)"
-  exit 1
-fi
-if [ ! -f "$dir/build.ninja" ]; then
-  CC=clang CXX=clang++ meson setup "$dir" -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-    -Dbuildtype=debugoptimized -Ducx=disabled >/dev/null || exit 1
-fi
+dir=${NEREUS_FUZZ_BUILD:-build-san}  # the sanitizer tree of scripts/test.sh builds the targets
+[ -f "$dir/build.ninja" ] || bash scripts/build.sh --sanitizer "$dir" || { echo "fuzz: build failed"; exit 1; }
 ninja -C "$dir" $(for t in "${targets[@]}"; do echo "fuzz/fuzz_$t"; done) >/dev/null || { echo "fuzz: build failed"; exit 1; }
 
 seeds() {  # TARGET DIR: fill DIR with the target's seeds

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a drift trace (interfaces.md, JSON Lines) of a job growing to a large pool.
 
-Responses grow 16x (exponentially, like ../shared/traces/length-growth-64gpu.jsonl) while
+Responses grow 16x (exponentially, like examples/traces/length-growth-64gpu.jsonl) while
 the pool doubles at fixed steps. Noise is seeded, so the file is reproducible.
 
   make_growth_trace.py [--steps 1000] [--start-len 512] [--growth 16]

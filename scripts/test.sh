@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite twice: once as built
-# for users, once under AddressSanitizer + UndefinedBehaviorSanitizer; then each fuzz
-# target for a few seconds (NEREUS_FUZZ_SECONDS, default 10).
+# Installs what is missing, builds two trees and runs every test once, in one of them:
+#   build      as built for users (-Dtest_set=release): the Python module and the examples,
+#              the CLI, install, the benches' smoke versions;
+#   build-san  clang with AddressSanitizer + UndefinedBehaviorSanitizer
+#              (-Dtest_set=sanitizer): the C++ unit and property tests, and the daemons and
+#              UCX across processes;
+# then each fuzz target, built in build-san, for a few seconds (NEREUS_FUZZ_SECONDS,
+# default 10). Prints how long each part took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
 bash scripts/setup.sh || exit 1
 
 passed=0
 failed=0
-run_suite() {  # DIR, then meson setup options
+timing=()
+run_suite() {  # DIR, then build.sh arguments
   local dir=$1
   shift
-  echo "== build $dir $*"
-  bash scripts/build.sh "$dir" "$@" || { echo "build of $dir failed"; failed=$((failed + 1)); return; }
+  local t0=$SECONDS
+  echo "== build $dir"
+  bash scripts/build.sh "$@" || { echo "build of $dir failed"; failed=$((failed + 1)); return; }
+  timing+=("build $dir $((SECONDS - t0)) s")
+  t0=$SECONDS
   echo "== test $dir"
   local log
   log=$(mktemp)
@@ -25,15 +35,17 @@ run_suite() {  # DIR, then meson setup options
   failed=$((failed + ${fail:-0}))
   [ -n "$ok" ] || failed=$((failed + 1))
   rm -f "$log"
+  timing+=("test $dir $((SECONDS - t0)) s")
 }
 
-run_suite build
+run_suite build build -Dtest_set=release
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp \
-  run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dcuda=disabled
+  run_suite build-san --sanitizer build-san
 
 # Each fuzz target briefly (scripts/fuzz.sh SECONDS runs them longer by hand).
-echo "== fuzz build-fuzz"
+echo "== fuzz build-san"
+t0=$SECONDS
 fuzz_log=$(mktemp)
 bash scripts/fuzz.sh "${NEREUS_FUZZ_SECONDS:-10}" 2>&1 | tee "$fuzz_log"
 fuzz_ok=$(awk '/^fuzz: [0-9]+ passed/ {print $2}' "$fuzz_log" | tail -1)
@@ -41,6 +53,8 @@ fuzz_fail=$(awk '/^fuzz: [0-9]+ passed/ {print $4}' "$fuzz_log" | tail -1)
 passed=$((passed + ${fuzz_ok:-0}))
 failed=$((failed + ${fuzz_fail:-1}))
 rm -f "$fuzz_log"
+timing+=("fuzz $((SECONDS - t0)) s")
 
+echo "test.sh: times: ${timing[*]/%/;} total $((SECONDS - start)) s"
 echo "test.sh: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

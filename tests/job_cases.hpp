@@ -41,6 +41,15 @@ inline nereus::JobSpec tiny_ppo_job(bool moe = false) {
   return j;
 }
 
+/// ReMax: the actor's generation and training, the reference and a reward model; no
+/// critic, and no actor/infer (its single baseline rollout needs no old log-probs).
+inline nereus::JobSpec tiny_remax_job() {
+  nereus::JobSpec j = tiny_ppo_job();
+  j.algorithm = nereus::Algorithm::remax;
+  std::erase_if(j.models, [](const auto& m) { return m.first == "critic"; });
+  return j;
+}
+
 class JobGenerator {
  public:
   explicit JobGenerator(std::uint64_t seed) : g_(seed), rng_(seed * 7919 + 1) {}

@@ -467,13 +467,15 @@ TEST_CASE("a protected channel takes well-tagged frames in order and drops the c
   CHECK(none.empty());
   Bytes flipped = sealed(1, key);
   flipped[10] ^= 0x20;
-  for (const auto& [what, frames] : std::vector<std::pair<const char*, std::vector<Bytes>>>{
+  for (const auto& what_frames : std::vector<std::pair<const char*, std::vector<Bytes>>>{
            {"altered", {sealed(0, key), flipped}},
            {"replayed", {sealed(0, key), sealed(0, key)}},
            {"reordered", {sealed(1, key), sealed(0, key)}},
            {"one dropped", {sealed(0, key), sealed(2, key)}},
            {"under another key", {sealed(0, back)}},
            {"untagged", {plain}}}) {
+    const char* what = what_frames.first;  // not a structured binding: CAPTURE takes it in a lambda
+    const auto& frames = what_frames.second;
     CAPTURE(what);
     const auto [taken, error] = deliver(frames);
     CHECK(taken == (std::string(what) == "under another key" || std::string(what) == "untagged" ||

@@ -267,9 +267,9 @@ TEST_CASE("controller: static keeps the first step's TP/PP; static-max plans for
 TEST_CASE("simulator: failed steps cost time, never calibrate, and every second is accounted for") {
   const JobSpec job = load_job("ppo-llama-3.1-8b");
   const ClusterSpec cluster = load_cluster("paper-cluster-2-a100");
-  const char* shared = std::getenv("NEREUS_SHARED");
-  REQUIRE(shared);
-  const auto trace = load_trace(std::string(shared) + "/traces/spot-16-64gpu.jsonl");
+  const char* source = std::getenv("NEREUS_SOURCE");
+  REQUIRE_MESSAGE(source, "NEREUS_SOURCE names the source tree");
+  const auto trace = load_trace(std::string(source) + "/examples/traces/spot-16-64gpu.jsonl");
   SimulationOptions o;
   o.controller.policy = parse_policy("static", o.controller.every);
   const SimulationResult fixed = simulate(cluster, job, trace, o);
@@ -311,9 +311,9 @@ TEST_CASE("simulator: failed steps cost time, never calibrate, and every second 
 
 TEST_CASE("simulator: at step boundaries every transition is exposed; beside the steps at most all of it") {
   const JobSpec job = load_job("ppo-llama-3.1-8b");
-  const char* shared = std::getenv("NEREUS_SHARED");
-  REQUIRE(shared);
-  auto trace = load_trace(std::string(shared) + "/traces/spot-16-64gpu.jsonl");
+  const char* source = std::getenv("NEREUS_SOURCE");
+  REQUIRE_MESSAGE(source, "NEREUS_SOURCE names the source tree");
+  auto trace = load_trace(std::string(source) + "/examples/traces/spot-16-64gpu.jsonl");
   trace.resize(120);
   SimulationOptions o;
   o.overlap = false;
@@ -409,12 +409,35 @@ TEST_CASE("ground truth: mixture of experts — expert parallelism, grouped GEMM
 TEST_CASE("simulator: an MoE job replays a trace with expert-parallel plans") {
   const JobSpec job = parse_job(R"({"algorithm":"grpo","models":{"actor":"qwen3-30b-a3b","reference":"qwen3-30b-a3b","reward":"rule"},
       "prompts_per_step":128,"samples_per_prompt":8,"prompt_len":1024,"max_response_len":8192})", "moe-job");
-  const char* shared = std::getenv("NEREUS_SHARED");
-  REQUIRE(shared);
-  auto trace = load_trace(std::string(shared) + "/traces/length-growth-64gpu.jsonl");
+  const char* source = std::getenv("NEREUS_SOURCE");
+  REQUIRE_MESSAGE(source, "NEREUS_SOURCE names the source tree");
+  auto trace = load_trace(std::string(source) + "/examples/traces/length-growth-64gpu.jsonl");
   trace.resize(200);
   const SimulationResult r = simulate(load_cluster("paper-cluster-3-h200"), job, trace, SimulationOptions{});
   CHECK(r.failed_steps == 0);
   CHECK(r.mean_step_seconds > 0);
   CHECK(std::any_of(r.records.begin(), r.records.end(), [](const StepRecord& s) { return s.plan.find('e') != std::string::npos; }));
+}
+
+TEST_CASE("simulator: a ReMax job (actor, reference, reward; no critic, no old log-probs) replays a trace") {
+  const JobSpec job = parse_job(R"({"algorithm":"remax","models":{"actor":"llama-3.1-8b","reference":"llama-3.1-8b",
+      "reward":"llama-3.1-8b-score"},"prompts_per_step":256,"samples_per_prompt":1,"prompt_len":512,"max_response_len":8192})",
+                                "remax-job");
+  std::vector<std::string> stages;
+  for (const ModelStage& s : model_stages(job)) stages.push_back(s.name());
+  CHECK(stages == std::vector<std::string>{"actor/generate", "reference/infer", "reward/infer", "actor/train"});
+  const char* source = std::getenv("NEREUS_SOURCE");
+  REQUIRE_MESSAGE(source, "NEREUS_SOURCE names the source tree");
+  auto trace = load_trace(std::string(source) + "/examples/traces/spot-16-64gpu.jsonl");
+  trace.resize(120);
+  const SimulationResult r = simulate(load_cluster("paper-cluster-2-a100"), job, trace, SimulationOptions{});
+  CHECK(r.steps == 120);
+  CHECK(r.mean_step_seconds > 0);
+  CHECK(r.transitions >= 1);  // spot GPUs come and go: the plan follows the pool
+  for (const StepRecord& s : r.records) {  // short form: "ag=T/P/D ri=... ri=... at=..."
+    CHECK(std::count(s.plan.begin(), s.plan.end(), '=') == 4);
+    CHECK(s.plan.rfind("ag=", 0) == 0);
+    CHECK_FALSE(has(s.plan, "ci="));
+    CHECK_FALSE(has(s.plan, "ai="));
+  }
 }

@@ -357,7 +357,8 @@ TEST_CASE("embed: a checkpointed job resumes bit for bit") {
     }
     co_return 0;
   }());
-  for (const auto& [stage, _] : job.plan().stages) {
+  for (const auto& entry : job.plan().stages) {
+    const std::string& stage = entry.first;  // not a structured binding: CAPTURE takes it in a lambda
     CAPTURE(stage);
     CHECK(resumed->state(stage) == job.state(stage));
     const std::vector<Slot> slots = stage.ends_with("/train") ? std::vector<Slot>(kTrainSlots.begin(), kTrainSlots.end())

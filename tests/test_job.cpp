@@ -264,6 +264,14 @@ void random_plan_changes(const JobSpec& spec, std::uint64_t seeds, int min_compl
 
 TEST_CASE("job: random plan changes under random timing") { random_plan_changes(testcase::tiny_ppo_job(), 30, 20); }
 
+TEST_CASE("job: ReMax — its four model-stages run, and random plan changes move them") {
+  const JobSpec remax = testcase::tiny_remax_job();
+  std::vector<std::string> stages;
+  for (const ModelStage& s : model_stages(remax)) stages.push_back(s.name());
+  CHECK(stages == std::vector<std::string>{"actor/generate", "reference/infer", "reward/infer", "actor/train"});
+  random_plan_changes(remax, 12, 7);
+}
+
 TEST_CASE("job: random MoE plan changes (ep, etp) under random timing") {
   random_plan_changes(testcase::tiny_ppo_job(true), 12, 7);
 }

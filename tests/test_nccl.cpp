@@ -8,6 +8,7 @@
 
 using namespace nereus;
 using testing::error_of;
+using testing::has;
 
 namespace {
 
@@ -19,8 +20,6 @@ NcclTransportOptions group(PeerId self, int devices, int per_process, int gpus_p
   o.gpu_of = [gpus_per_process](DeviceId d) { return d % gpus_per_process; };  // logical devices share GPUs
   return o;
 }
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -346,6 +346,33 @@ class Controller(unittest.TestCase):
         self.assertIn("memory", d["trigger"])
         self.assertTrue(d["urgent"] and d["admitted"], d["why"])
         self.assertTrue(job.transition(d["target"])["completed"])
+        # Far longer still, no plan runs the next step: the job stops here with the reason
+        # (the step, the GPU, the model-stage, the shortfall), not in a stage that overflows.
+        job = new_job(capacity="24MiB", gamma=1e-4)
+        job.report_step(times, 8, 8, peak_bytes=peak, next_response_len_mean=8, next_response_len_p95=8)
+        with self.assertRaisesRegex(nereus.Error, r"controller: step \d+ cannot run on the current plan: GPU \d+ needs "
+                                                  r".* with \w+/\w+'s working memory, over its budget of .* short\)"):
+            job.report_step(times, 8, 8, peak_bytes=peak, next_response_len_mean=1 << 20, next_response_len_p95=1 << 20)
+
+    def test_a_view_kept_past_its_unit_raises(self):
+        job = new_job()
+        unit = job.units("actor/train")[0]
+        shard = unit.shards()[0]
+        for s in unit.shards():
+            s.data.fill_(1.0)  # usable while the unit exists
+        self.assertTrue(job.transition(plan(**{"actor/train": "tp=2,pp=1,dp=2,devices=4-7",
+                                                "critic/train": "tp=4,pp=1,dp=1,devices=0-3"}))["completed"])
+        with self.assertRaisesRegex(nereus.Error, r"actor/train unit 0: a transition freed this unit; take new views"):
+            shard.data
+        with self.assertRaisesRegex(nereus.Error, "a transition freed this unit"):
+            shard.data_ptr
+        with self.assertRaisesRegex(nereus.Error, "a transition freed this unit"):
+            unit.buffers()
+        # New views work, and units that stayed keep their views.
+        self.assertTrue(all(bool((s.data == 1.0).all()) for u in job.units("actor/train") for s in u.shards()))
+        kept = job.units("reference/infer")[0].shards()[0]
+        job.end_step()
+        kept.data.zero_()
 
 
     def test_report_step_returns_the_decision_with_its_numbers(self):

@@ -63,9 +63,11 @@ TEST_CASE("two-sided schedule: sender and receiver derive the same messages per 
       {"tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2"},
       {"tp=2,pp=2,dp=1", "tp=4,pp=1,dp=2,packing=fused"},
       {"tp=1,pp=4,dp=1", "tp=2,pp=1,dp=3,devices=4:5:6:7:0:1"}};
-  for (const auto& [from, to] : cases)
+  for (const auto& fromto : cases)
     for (int procs : {2, 3, 4})
       for (std::size_t chunk : {std::size_t{4096}, std::size_t{100000}, std::size_t{64} << 20}) {
+        const std::string& from = fromto.first;  // not a structured binding: CAPTURE takes it in a lambda
+        const std::string& to = fromto.second;
         CAPTURE(from);
         CAPTURE(to);
         CAPTURE(procs);
@@ -273,7 +275,9 @@ class TagsOnly final : public Transport {
 
 TEST_CASE("a remote transport without gets moves links as messages without being asked") {
   testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
-  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  const auto& plan = r.plan;  // references, not a structured binding: lambdas use them (clang 14)
+  const auto& transfers = r.transfers;
+  auto& w = r.w;
   asio::io_context io;
   UcxTransport ucx(io);
   REQUIRE(ucx.connect(0, ucx.address()).is_ok());
@@ -348,7 +352,9 @@ class CountingCopies final : public Transport {
 TEST_CASE("memory the remote transport does not move is staged through host memory, both ends") {
   testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
   r.as_gpu_memory();
-  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  const auto& plan = r.plan;  // references, not a structured binding: lambdas use them (clang 14)
+  const auto& transfers = r.transfers;
+  auto& w = r.w;
   asio::io_context io;
   UcxTransport ucx(io);  // moves host memory only
   REQUIRE(ucx.connect(0, ucx.address()).is_ok());
@@ -386,7 +392,9 @@ TEST_CASE("a staging copy that fails at once stops a two-sided run with its erro
   // asio threw the cancellation out of the event loop and left the run's workers behind.
   testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
   r.as_gpu_memory();  // every message staged by the copy transport
-  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  const auto& plan = r.plan;  // references, not a structured binding: lambdas use them (clang 14)
+  const auto& transfers = r.transfers;
+  auto& w = r.w;
   asio::io_context io;
   UcxTransport ucx(io);
   REQUIRE(ucx.connect(0, ucx.address()).is_ok());
@@ -412,7 +420,9 @@ TEST_CASE("a staging copy that fails at once stops a two-sided run with its erro
 
 TEST_CASE("rounds: real bytes through UCX tagged messages, round by round, grouped or not") {
   testing::Patterned r("tp=4,pp=1,dp=1", "tp=1,pp=2,dp=2,devices=4:5:6:7");
-  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  const auto& plan = r.plan;  // references, not a structured binding: lambdas use them (clang 14)
+  const auto& transfers = r.transfers;
+  auto& w = r.w;
   asio::io_context io;
   UcxTransport ucx(io);
   REQUIRE(ucx.connect(0, ucx.address()).is_ok());
@@ -446,7 +456,9 @@ TEST_CASE("rounds: real bytes through UCX tagged messages, round by round, group
 
 TEST_CASE("rounds: a failed group stops the run naming a transfer; strided messages reach a transport that packs them") {
   testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
-  const auto& [plan, transfers, w] = std::tie(r.plan, r.transfers, r.w);
+  const auto& plan = r.plan;  // references, not a structured binding: lambdas use them (clang 14)
+  const auto& transfers = r.transfers;
+  auto& w = r.w;
   asio::io_context io;
   testing::MockTransport mock(io.get_executor());
   mock.two_sided = mock.grouped = mock.strided_messages = true;

@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nereus  # noqa: E402
-import ppo  # noqa: E402  (the math: losses, GAE, state checks)
+import ppo  # noqa: E402  (the math: losses, GAE)
+import state_check  # noqa: E402
 import tp_llama  # noqa: E402
 
 ACTOR, CRITIC = ppo.ACTOR, ppo.CRITIC
@@ -212,7 +213,7 @@ def checked_state(node):
     """Every checked stage's slots by box, from every process."""
     mine = {}
     for stage in CHECKED:
-        ppo.state_of(stage, node.of(stage), mine)
+        state_check.state_of(stage, node.of(stage), mine)
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     out = {}
@@ -256,7 +257,7 @@ def main():
         shards = [s for u in step.units for s in u.shards(slot=None)]
         adopted = sum(s.data_ptr in owned for s in shards)  # step 1: all of them, the process's own tensors
         if a.check_state and moved:
-            bad = ppo.same_state(before, checked_state(node), set(CHECKED))
+            bad = state_check.same_state(before, checked_state(node), set(CHECKED))
             checks["failed" if bad else "passed"] += 1
             if bad:
                 print("check-state:", bad, file=sys.stderr)

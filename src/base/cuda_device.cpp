@@ -8,9 +8,12 @@
 
 namespace nereus::detail {
 
-namespace {
+std::string cuda_error(int code) {
+  const auto e = static_cast<cudaError_t>(code);
+  return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+}
 
-std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
+namespace {
 
 /// Makes `gpu` current for the calling thread; throws naming the logical device.
 void use_gpu(DeviceId id, int gpu) {

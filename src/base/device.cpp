@@ -73,6 +73,11 @@ DeviceBuffer Device::allocate(std::size_t n, std::string_view what) {
 
 void Device::release(std::byte* p, std::size_t n) {
   const std::size_t size = round_up(std::max<std::size_t>(n, 1));
+#ifdef NEREUS_POISON_FREED
+  // Debug and sanitizer builds: a view kept past its unit reads this pattern, not whatever
+  // the arena holds next (0xDBDB as bf16 is a large negative number, as f32 too).
+  if (kind() == MemoryKind::host) std::memset(p, 0xDB, n);
+#endif
   std::size_t off = static_cast<std::size_t>(p - arena_);
   std::size_t len = size;
   std::lock_guard lock(mu_);

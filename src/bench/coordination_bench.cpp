@@ -112,7 +112,9 @@ Trial draw_trial(const JobSpec& job, const CoordinationConfig& c, PlanDraw& draw
     t.to = t.from;
     const CollectionSpec a = *t.from.find(first), b = *t.from.find(second);
     const bool spread = draw.uniform(0, 1) == 1;
-    for (const auto& [name, other] : {std::pair{first, b}, std::pair{second, a}}) {
+    for (const auto& change : {std::pair{first, b}, std::pair{second, a}}) {
+      const auto& name = change.first;  // not a structured binding: the lambda below uses it
+      const auto& other = change.second;
       std::vector<DeviceId> gpus = draw.shuffled(other.devices);
       for (DeviceId d : draw.shuffled(pool))
         if (spread && std::find(gpus.begin(), gpus.end(), d) == gpus.end() && draw.uniform(0, 2) == 0) gpus.push_back(d);

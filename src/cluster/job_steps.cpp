@@ -162,7 +162,9 @@ class JobLife {
     json nodes = json::array();
     for (const auto& [rank, d] : reports) {
       const std::string who = "node " + std::to_string(rank);
-      for (const auto& [stage, seconds] : d.stage_seconds) {
+      for (const auto& measured : d.stage_seconds) {
+        const std::string& stage = measured.first;  // not a structured binding: the lambda below uses it
+        const double seconds = measured.second;
         const auto& stages = d_.stages();
         if (std::none_of(stages.begin(), stages.end(), [&](const ModelStage& m) { return m.name() == stage; }))
           throw Error(who + " reported a time for '" + stage + "', which is not a model-stage of the job");

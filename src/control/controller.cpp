@@ -387,8 +387,7 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   std::optional<double> lead;  // the current plan's, the same for every candidate
   auto refuse = [&](const PlanOption& o, std::string why) {
     d.refused.push_back(o.source + ": " + why);
-    log(d.urgent ? LogLevel::info : LogLevel::debug, "controller", "step {} refused {} ({}): {}", s.step, o.source,
-        to_string(o.plan), why);
+    log(LogLevel::debug, "controller", "step {} refused {} ({}): {}", s.step, o.source, to_string(o.plan), why);
     rejected = std::move(why);
   };
   // Admits `o` when it is reachable and (not urgent) pays back.
@@ -435,6 +434,9 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
                   d.urgent ? "urgent" : "pays back", o.source.c_str(), d.current_seconds, o.seconds, d.transition_seconds,
                   cost, d.horizon_steps);
     d.why = buf;
+    if (d.urgent && !d.refused.empty())  // the urgent path went past some: say how far
+      d.why += "; " + std::to_string(d.refused.size()) + " refused before it (NEREUS_LOG=debug lists them), the first " +
+               d.refused.front();
     return true;
   };
   for (const PlanOption& o : options)

@@ -23,7 +23,7 @@ class Interner {
   std::map<std::vector<int>, int> ids_;
 };
 
-struct Position {
+struct PlacedRank {
   int profile;        ///< (layout, stage, rank) id
   DeviceId home;      ///< device of the given order
   std::uint32_t unit;
@@ -50,7 +50,7 @@ Collection optimize_placement(std::span<const Collection> sources, const Collect
     holding_prof[i] = src_prof.id(key);
     if (src_prof.size() > before) src_keys.push_back({key[0], key[1], key[2], key[3]});
   }
-  std::vector<Position> positions;
+  std::vector<PlacedRank> positions;
   std::vector<std::array<int, 3>> dst_keys;
   for (std::uint32_t u = 0; u < ix.target.units.size(); ++u) {
     const Emu& e = ix.target.units[u];
@@ -86,7 +86,7 @@ Collection optimize_placement(std::span<const Collection> sources, const Collect
   Interner dev_prof;
   std::map<DeviceId, int> device_profile;
   std::vector<std::vector<std::int64_t>> DW;  // [device profile][dst profile]
-  for (const Position& p : positions) {
+  for (const PlacedRank& p : positions) {
     std::vector<int> key;
     for (std::uint32_t hi : ix.by_device.of(p.home)) key.push_back(holding_prof[hi]);
     std::sort(key.begin(), key.end());
@@ -100,7 +100,7 @@ Collection optimize_placement(std::span<const Collection> sources, const Collect
       DW.push_back(std::move(row));
     }
   }
-  auto weight = [&](DeviceId d, const Position& p) { return DW[device_profile.at(d)][p.profile]; };
+  auto weight = [&](DeviceId d, const PlacedRank& p) { return DW[device_profile.at(d)][p.profile]; };
 
   // Blocks: the positions whose given device is on one node, and that node's devices.
   std::map<int, std::vector<int>> block_of_node;
@@ -165,12 +165,12 @@ Collection optimize_placement(std::span<const Collection> sources, const Collect
 
   Collection out = target;
   std::int64_t before = 0, after = 0;
-  for (const Position& p : positions) before += weight(p.home, p);
+  for (const PlacedRank& p : positions) before += weight(p.home, p);
   for (int b = 0; b < n; ++b) {
     const int m = node_for[b];
     const auto cols = solve(b, m, m == b);
     for (std::size_t i = 0; i < cols.size(); ++i) {
-      const Position& p = positions[blocks[b][i]];
+      const PlacedRank& p = positions[blocks[b][i]];
       const DeviceId d = node_devices[m][cols[i]];
       out.units[p.unit].gpus[static_cast<std::size_t>(p.slot)] = d;
       after += weight(d, p);

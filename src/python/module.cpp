@@ -19,6 +19,16 @@ struct PyShard {
   std::shared_ptr<const void> owner;
   ShardView view;
   std::string tensor;
+  /// The unit's lifetime (an embedded job's units; none for a member's step views, which
+  /// last one step): once it expires the memory is the arena's again, and using the view
+  /// raises instead of reading whatever the arena put there next.
+  std::optional<std::weak_ptr<const void>> unit;
+  std::string unit_name;  ///< "actor/train unit 0", for that error
+  void check() const {
+    if (unit && unit->expired())
+      throw Error("shard " + tensor + "@" + std::string(to_string(view.slot)) + " on device " + std::to_string(view.device) +
+                  " of " + unit_name + ": a transition freed this unit; take new views from job.units()");
+  }
   std::vector<std::int64_t> shape() const {
     std::vector<std::int64_t> s;
     for (int d = 0; d < view.box.rank; ++d) s.push_back(view.box.dims[static_cast<std::size_t>(d)].size());
@@ -94,14 +104,15 @@ py::capsule to_dlpack(std::shared_ptr<const void> owner, std::byte* data, std::v
 }  // namespace
 
 py::list shards_of(std::shared_ptr<const void> owner, const JobSpec& job, std::string_view model_stage,
-                   const std::vector<ShardView>& views, const std::optional<std::string>& slot) {
+                   const std::vector<ShardView>& views, const std::optional<std::string>& slot,
+                   const std::optional<std::weak_ptr<const void>>& unit, const std::string& unit_name) {
   const ModelSpec& m = *job.model(std::string(role_of(model_stage)));
   py::list out;
   bool known = !slot;
   for (Slot s : kTrainSlots) known = known || to_string(s) == *slot;
   if (!known) throw Error("unknown slot '" + *slot + "' (param, master, exp_avg, exp_avg_sq)");
   for (const ShardView& v : views)
-    if (!slot || to_string(v.slot) == *slot) out.append(PyShard{owner, v, m.tensor(v.tensor).name});
+    if (!slot || to_string(v.slot) == *slot) out.append(PyShard{owner, v, m.tensor(v.tensor).name, unit, unit_name});
   return out;
 }
 
@@ -201,7 +212,7 @@ class PyStage {
     lease_ = std::make_shared<StageLease>(job_->loop().run([&] { return job_->job().enter_stage(name_); }));
     py::list units;
     for (const UnitContext& c : lease_->units()) {
-      PyUnit u{job_, name_, UnitView{c.replica(), c.emu(), c.version(), c.shards(), c.buffers(), memory_of(c)}, {}};
+      PyUnit u{job_, name_, UnitView{c.replica(), c.emu(), c.version(), c.shards(), c.buffers(), memory_of(c), c.lifetime()}, {}};
       for (DeviceId d : c.emu().gpus)
         if (!c.workspace(d).empty()) u.workspace.emplace_back(d, c.workspace(d));
       units.append(std::move(u));
@@ -245,8 +256,12 @@ void bind_job(py::module_& m) {
       })
       .def_property_readonly("shape", [](const PyShard& s) { return py::tuple(py::cast(s.shape())); })
       .def_property_readonly("nbytes", [](const PyShard& s) { return s.view.bytes(); })
-      .def_property_readonly("data_ptr", [](const PyShard& s) { return reinterpret_cast<std::uintptr_t>(s.view.data); })
+      .def_property_readonly("data_ptr", [](const PyShard& s) {
+        s.check();
+        return reinterpret_cast<std::uintptr_t>(s.view.data);
+      })
       .def("__dlpack__", [](const PyShard& s, py::object) {
+        s.check();
         return to_dlpack(s.owner, s.view.data, s.shape(), dl_dtype(s.view.dtype), dl_device(s.view.kind, s.view.gpu));
       }, py::arg("stream") = py::none())
       .def("__dlpack_device__", [](const PyShard& s) {
@@ -265,6 +280,9 @@ void bind_job(py::module_& m) {
       .def_property_readonly("version", [](const PyUnit& u) { return u.view.version; })
       .def_property_readonly("model_stage", [](const PyUnit& u) { return u.stage; })
       .def("buffers", [](const PyUnit& u) {
+        if (u.view.lifetime.expired())
+          throw Error(u.stage + " unit " + std::to_string(u.view.replica) +
+                      ": a transition freed this unit; take new views from job.units()");
         const ModelSpec& m = *u.job->spec().model(std::string(role_of(u.stage)));
         py::list out;
         for (std::size_t b = 0; b < u.view.buffers.size(); ++b) {
@@ -287,7 +305,10 @@ void bind_job(py::module_& m) {
                     std::to_string(device) + " (set_workspace() before the stage, and ask inside its block)");
       }, py::arg("device"), "Its workspace on one of its devices, inside the stage's block (Job.set_workspace).")
       .def(
-          "shards", [](const PyUnit& u, std::optional<std::string> slot) { return shards_of(u.job, u.job->spec(), u.stage, u.view.shards, slot); },
+          "shards", [](const PyUnit& u, std::optional<std::string> slot) {
+            return shards_of(u.job, u.job->spec(), u.stage, u.view.shards, slot, u.view.lifetime,
+                             u.stage + " unit " + std::to_string(u.view.replica));
+          },
           py::arg("slot") = "param", "Its shards of one slot (None: every slot), buffer by buffer.")
       .def("__repr__", [](const PyUnit& u) {
         return "<Unit " + u.stage + " #" + std::to_string(u.view.replica) + " " + to_string(u.view.emu.layout) + " on " +

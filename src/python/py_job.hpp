@@ -88,8 +88,10 @@ void bind_job(py::module_& m);
 /// Registers Member, Step and NodeUnit (py_member.cpp); after bind_job.
 void bind_member(py::module_& m);
 /// `views` (of `model_stage`'s units in `job`) as Shard objects of one slot (None: all);
-/// `owner` keeps their memory mapped while one exists.
+/// `owner` keeps their memory mapped while one exists; with `unit` (its lifetime, named
+/// `unit_name`), using one after that unit is freed raises.
 py::list shards_of(std::shared_ptr<const void> owner, const JobSpec& job, std::string_view model_stage,
-                   const std::vector<ShardView>& views, const std::optional<std::string>& slot);
+                   const std::vector<ShardView>& views, const std::optional<std::string>& slot,
+                   const std::optional<std::weak_ptr<const void>>& unit = std::nullopt, const std::string& unit_name = "");
 
 }  // namespace nereus::python

@@ -77,6 +77,7 @@ void JobState::free_unit(LiveUnit& u) {
     if (u.memory[b].borrowed()) adopted[static_cast<std::size_t>(u.buffers[b].key.device)] -= u.memory[b].size();
   u.memory.clear();
   u.freed = true;
+  u.lifetime.reset();
 }
 
 bool JobState::retired(std::size_t stage) const {
@@ -303,6 +304,7 @@ asio::awaitable<StageLease> Job::enter_stage(std::string model_stage) {
     c.state_ = &slot.state;
     c.version_ = units[k]->version;
     c.buffers_ = &units[k]->buffers;
+    c.lifetime_ = units[k]->lifetime;
     for (auto& m : units[k]->memory) c.memory_.emplace_back(m.data(), m.size());
   }
   co_return lease;
@@ -401,7 +403,7 @@ std::vector<UnitView> Job::units(std::string_view model_stage) const {
       v.kind = u.memory.empty() ? MemoryKind::host : u.memory.front().kind();
       v.gpu = gpu_of(v.device);
     }
-    out.push_back({static_cast<int>(r), u.emu, u.version, std::move(views), u.buffers, mem});
+    out.push_back({static_cast<int>(r), u.emu, u.version, std::move(views), u.buffers, mem, u.lifetime});
   }
   return out;
 }

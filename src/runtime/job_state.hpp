@@ -22,6 +22,8 @@ struct LiveUnit {
   std::int64_t version = 0;
   int in_use = 0;  ///< stage work or a weight sync reading or writing it
   bool freed = false;
+  /// Reset when the unit is freed: the framework's views of it (UnitView::lifetime) expire.
+  std::shared_ptr<const void> lifetime = std::make_shared<char>(0);
 };
 using UnitPtr = std::shared_ptr<LiveUnit>;
 

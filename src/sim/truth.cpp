@@ -17,10 +17,10 @@ constexpr double kFlashBackward = 2.5;     // its backward over its forward
 constexpr double kHbmEfficiency = 0.85;    // streaming kernels reach 85–90% of HBM bandwidth
 constexpr double kEagerLaunch = 5e-6;      // a kernel launched from PyTorch eager mode
 constexpr double kGraphLaunch = 1e-6;      // a kernel replayed from a CUDA graph (vLLM decode)
-constexpr double kKernelsPerLayer = 12;    // norm, qkv, rope, attention, o, all-reduce, norm, gate/up, act, down, all-reduce, add
+constexpr double kTruthKernelsPerLayer = 12;    // norm, qkv, rope, attention, o, all-reduce, norm, gate/up, act, down, all-reduce, add
 constexpr double kSchedulerSeconds = 5e-4; // vLLM's scheduler and sampler per decode iteration
 constexpr double kPrefillChunk = 8192;     // tokens per prefill batch (max_num_batched_tokens)
-constexpr double kMaxRunning = 256;        // vLLM's max_num_seqs default
+constexpr double kTruthMaxRunning = 256;        // vLLM's max_num_seqs default
 constexpr double kBlockTokens = 16;        // paged KV block; a sequence wastes half a block on average
 constexpr double kAllocatorSlack = 1.10;   // PyTorch caching allocator: reserved over allocated
 constexpr double kAdamBytes = 18;          // bf16 param, fp32 main grad, fp32 master, two fp32 moments
@@ -195,7 +195,7 @@ TruthStage GroundTruth::memory(const ModelConfig& m, StageKind kind, const Truth
     case StageKind::generate: {
       out.kv_bytes_per_token = std::uint64_t(2.0 * layers * d.kv_rank(t) * d.hd * 2.0);
       // Sampler logits of the running batch and the CUDA graphs' activation buffers.
-      working = std::min(B, kMaxRunning) * (d.head_rows(t) * 4.0 + d.H * 2.0 * 8) + kPrefillChunk * d.H * 2.0 * 8;
+      working = std::min(B, kTruthMaxRunning) * (d.head_rows(t) * 4.0 + d.H * 2.0 * 8) + kPrefillChunk * d.H * 2.0 * 8;
       break;
     }
     case StageKind::infer:
@@ -226,7 +226,7 @@ std::int64_t GroundTruth::concurrency(const ModelConfig& m, const TruthLayout& l
   // A running sequence sits at a uniformly random point of its life: P + E[R²]/(2E[R]).
   const double ctx = w.prompt_len + second_over_first(w.response_mean, w.response_p95) / 2 + kBlockTokens / 2;
   const double B = std::ceil(double(w.sequences) / l.dp / l.ep);
-  return std::int64_t(std::max(1.0, std::min({B, kMaxRunning, std::floor(double(kv_pool) / (per_token * ctx))})));
+  return std::int64_t(std::max(1.0, std::min({B, kTruthMaxRunning, std::floor(double(kv_pool) / (per_token * ctx))})));
 }
 
 double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const TruthLayout& l, const TruthLoad& w,
@@ -289,7 +289,7 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
       const double fwd = layers * (layer(s_mean) + attention(s2)) + head(s_mean) / pp;
       const double bwd = layers * (2 * layer(s_mean) - layer_comm(s_mean) + kFlashBackward * attention(s2)) + 2 * head(s_mean) / pp;
       const double re = l.recompute ? fwd : 0;
-      const double launches = layers * kKernelsPerLayer * (l.recompute ? 4 : 3) * kEagerLaunch;
+      const double launches = layers * kTruthKernelsPerLayer * (l.recompute ? 4 : 3) * kEagerLaunch;
       const double stage = fwd + bwd + re + launches + (pp > 1 ? 2 * p2p(s_mean * d.H * 2.0, pp_in, slow) : 0);
       const double params = d.busiest_params(l);
       // Experts' gradients reduce over DP; the rest (attention, replicated over ep) over ep·dp.
@@ -300,7 +300,7 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
       return (B + pp - 1) * stage + grads + adam;
     }
     case StageKind::infer: {
-      const double stage = layers * (layer(s_mean) + attention(s2)) + head(s_mean) / pp + layers * kKernelsPerLayer * kEagerLaunch +
+      const double stage = layers * (layer(s_mean) + attention(s2)) + head(s_mean) / pp + layers * kTruthKernelsPerLayer * kEagerLaunch +
                            (pp > 1 ? p2p(s_mean * d.H * 2.0, pp_in, slow) : 0);
       return (B + pp - 1) * stage;
     }
@@ -311,7 +311,7 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
       const double chunks = std::max(1.0, ceil_div(B * P, kPrefillChunk));
       const double n = B * P / chunks;
       const double prefill = (chunks + pp - 1) * (layers * (layer(n) + attention(P * P) * n / std::max(1.0, P)) + head(n) / pp +
-                                                   layers * kKernelsPerLayer * kEagerLaunch);
+                                                   layers * kTruthKernelsPerLayer * kEagerLaunch);
       // Decode: continuous batching with c slots; the last wave lasts until the longest
       // response is done. The running batch is split into pp micro-batches in flight.
       const double longest = std::min(w.max_response > 0 ? w.max_response : 1e18, expected_max_length(R, w.response_p95, B));
@@ -320,7 +320,7 @@ double GroundTruth::expected_seconds(const ModelConfig& m, StageKind kind, const
       const double ctx = P + second_over_first(R, w.response_p95) / 2;
       const double micro = std::max(1.0, running / pp);
       const double kv_read = micro * ctx * 2.0 * d.kv_rank(t) * d.hd * 2.0 / hbm;  // per layer
-      const double stage = layers * (layer(micro) + kv_read + kKernelsPerLayer * kGraphLaunch) + head(micro) +
+      const double stage = layers * (layer(micro) + kv_read + kTruthKernelsPerLayer * kGraphLaunch) + head(micro) +
                            (pp > 1 ? p2p(micro * d.H * 2.0, pp_in, slow) : 0);
       return prefill + iterations * (pp * stage + kSchedulerSeconds);
     }

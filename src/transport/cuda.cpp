@@ -1,5 +1,7 @@
 #include "nereus/transport/cuda.hpp"
 
+#include "../base/cuda_device.hpp"
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -22,7 +24,7 @@ namespace nereus {
 
 namespace {
 
-std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
+using detail::cuda_error;
 
 /// The CUDA device a pointer's memory is on; -1 for host memory.
 int gpu_of(std::uint64_t p) {

@@ -67,7 +67,7 @@ void split(const Segment& s, std::size_t chunk, std::vector<Chunk>& out) {
   for (std::uint64_t i = 0; i < s.count; i += rows) out.push_back({s, i, std::min(rows, s.count - i), 0, s.bytes});
 }
 
-struct Initiate {
+struct LocalInitiate {
   asio::thread_pool* pool;
   std::size_t chunk_bytes;
   DescriptorList list;
@@ -102,7 +102,7 @@ asio::awaitable<Status> LocalTransport::post(DescriptorList list) {
   if (list.op != Op::copy)
     co_return Status{StatusCode::not_supported, "local transport copies inside one process only"};
   if (list.kind != MemoryKind::host) co_return Status{StatusCode::not_supported, "local transport moves host memory only"};
-  Initiate init{&pool_->threads, options_.chunk_bytes, std::move(list)};
+  LocalInitiate init{&pool_->threads, options_.chunk_bytes, std::move(list)};
   co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(Status)>(std::move(init),
                                                                                           asio::use_awaitable);
 }

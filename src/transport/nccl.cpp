@@ -1,5 +1,7 @@
 #include "nereus/transport/nccl.hpp"
 
+#include "../base/cuda_device.hpp"
+
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -20,7 +22,7 @@ namespace nereus {
 
 namespace {
 
-std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
+using detail::cuda_error;
 
 /// The NCCL entry points this transport calls, from a dlopen()ed library.
 struct NcclApi {

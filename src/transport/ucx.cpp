@@ -493,7 +493,7 @@ void UcxBatch::finish_if_done() {
 
 namespace {
 
-struct Initiate {
+struct UcxInitiate {
   UcxTransport::Impl* impl;
   DescriptorList list;
 
@@ -618,7 +618,7 @@ struct Initiate {
 asio::awaitable<Status> UcxTransport::post(DescriptorList list) {
   if (list.op == Op::copy) co_return Status{StatusCode::not_supported, "ucx transport: use the local transport for copies"};
   // A named initiation: GCC 12 destroys temporaries of a co_await expression twice.
-  Initiate init{impl_.get(), std::move(list)};
+  UcxInitiate init{impl_.get(), std::move(list)};
   co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(Status)>(std::move(init), asio::use_awaitable);
 }
 

@@ -95,8 +95,7 @@ struct Decision {
   /// Urgent, and no candidate is both runnable and reachable: the next step cannot run on
   /// any plan the controller knows how to reach. `why` says what is short where.
   bool blocked = false;
-  /// Candidates tried and refused, each "where it came from: why" (logged at debug; at
-  /// info when urgent).
+  /// Candidates tried and refused, each "where it came from: why" (each logged at debug).
   std::vector<std::string> refused;
 };
 

@@ -87,6 +87,9 @@ struct UnitView {
   std::vector<ShardView> shards;  ///< every slot, buffer by buffer
   std::vector<BufferSpec> buffers;             ///< the unit's local buffers (sharding.md packing)
   std::vector<std::span<std::byte>> memory;    ///< one per buffer
+  /// Expires when a transition frees the unit: its memory then belongs to the arena again,
+  /// and the views above must not be used (the Python module raises instead).
+  std::weak_ptr<const void> lifetime;
 };
 
 /// What stage work sees of one unit.
@@ -107,9 +110,12 @@ class UnitContext {
   /// budget; empty when the stage has none): scratch such as a KV cache, valid until the
   /// stage is left.
   std::span<std::byte> workspace(DeviceId d) const;
+  /// Expires when the unit is freed (UnitView::lifetime), for views kept past the stage.
+  std::weak_ptr<const void> lifetime() const { return lifetime_; }
 
  private:
   friend class Job;
+  std::weak_ptr<const void> lifetime_;
   std::string stage_;
   const Emu* emu_ = nullptr;
   int replica_ = 0;
