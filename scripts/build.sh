@@ -26,5 +26,7 @@ if [ ! -f "$dir/build.ninja" ]; then
   else
     meson setup "$dir" "${common[@]}" "$@" >/dev/null
   fi
+elif [ $# -gt 0 ]; then
+  meson configure "$dir" "$@" >/dev/null  # a tree configured before: these options now
 fi
 meson compile -C "$dir" >/dev/null

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh build
+bash scripts/build.sh build -Dtest_set=release  # the tree scripts/test.sh uses too
 nereus=build/src/nereus
 out=build/demo
 mkdir -p "$out"
