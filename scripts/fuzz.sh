@@ -28,10 +28,11 @@ seeds() {  # TARGET DIR: fill DIR with the target's seeds
   esac
 }
 
-passed=0
-failed=0
 mkdir -p "$dir/findings"
-for t in "${targets[@]}"; do
+# One target per core at a time (NEREUS_FUZZ_JOBS, default the cores): each writes its
+# verdict to a file, printed in order once all are done.
+fuzz_one() {  # TARGET
+  local t=$1 corpus log
   corpus=$(mktemp -d)
   seeds "$t" "$corpus"
   log="$dir/fuzz_$t.log"
@@ -39,14 +40,24 @@ for t in "${targets[@]}"; do
     "$dir/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
     -print_final_stats=1 -artifact_prefix="$dir/findings/$t-" "$corpus" >"$log" 2>&1; then
     echo "fuzz $t: ok, $(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}') inputs in ${secs}s \
-($(grep -c . <(ls "$corpus")) in the corpus)"
-    passed=$((passed + 1))
+($(grep -c . <(ls "$corpus")) in the corpus)" >"$dir/fuzz_$t.verdict"
   else
-    echo "fuzz $t: FINDING (log $log, input in $dir/findings/)"
-    tail -n 30 "$log"
-    failed=$((failed + 1))
+    { echo "fuzz $t: FINDING (log $log, input in $dir/findings/)"; tail -n 30 "$log"; } >"$dir/fuzz_$t.verdict"
   fi
   rm -rf "$corpus"
+}
+jobs_max=${NEREUS_FUZZ_JOBS:-$(nproc)}
+for t in "${targets[@]}"; do
+  rm -f "$dir/fuzz_$t.verdict"
+  fuzz_one "$t" &
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+done
+wait
+passed=0
+failed=0
+for t in "${targets[@]}"; do
+  cat "$dir/fuzz_$t.verdict" 2>/dev/null || echo "fuzz $t: FINDING (no verdict)"
+  if grep -q '^fuzz [a-z]*: ok' "$dir/fuzz_$t.verdict" 2>/dev/null; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 done
 echo "fuzz: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
