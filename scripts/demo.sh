@@ -22,8 +22,8 @@ say "llama-3.3-70b with optimizer state on 1,024 GPUs: tp=8,pp=2,dp=64 -> tp=4,p
   $nereus plan --model llama-3.3-70b --train --from tp=8,pp=2,dp=64 --to tp=4,pp=4,dp=64 --optimize-placement
 say "The 4-model llama-3.1-8b PPO job growing from 512 to 1,024 GPUs at 80 GiB per GPU, as one transition graph" \
   $nereus plan --job ppo-llama-3.1-8b --from-plan examples/plans/ppo-8b-512gpus.json --to-plan examples/plans/ppo-8b-1024gpus.json --capacity 80GiB
-say "Real bytes across 2 processes over UCX: qwen2.5-0.5b with its optimizer state, tp=4 -> tp=2,pp=2, every byte verified" \
-  $nereus bench transition --model qwen2.5-0.5b --train --from tp=4,pp=1,dp=1 --to tp=2,pp=2,dp=1 --transport ucx --procs 2 --verify
+say "Real bytes across 2 processes over UCX: qwen2.5-0.5b from tp=2 to pp=2, every byte verified" \
+  $nereus bench transition --model qwen2.5-0.5b --from tp=2,pp=1,dp=1 --to tp=1,pp=2,dp=1 --transport ucx --procs 2 --verify
 
 # The product at work: PPO on Nereus units (tiny llama models, 8 host devices of 12.6 MiB).
 # Responses grow every step (--grow-at -1), so the KV cache outgrows the first plan by the
