@@ -18,7 +18,13 @@ namespace testcase {
 /// coverage the shared tiny models lack.
 inline std::shared_ptr<const nereus::ModelSpec> synthetic(const std::string& name) {
   std::string json;
-  if (name == "tiny-moe-odd")
+  if (name == "tiny-mla-odd")  // MLA without q compression, uneven experts, dense-first, every second layer sparse
+    json = R"({"architectures":["DeepseekV3ForCausalLM"],"model_type":"deepseek_v3","hidden_size":32,"intermediate_size":40,
+      "num_hidden_layers":5,"num_attention_heads":6,"num_key_value_heads":6,"vocab_size":61,"q_lora_rank":null,
+      "kv_lora_rank":10,"qk_nope_head_dim":8,"qk_rope_head_dim":4,"v_head_dim":6,"n_routed_experts":6,
+      "n_shared_experts":2,"num_experts_per_tok":2,"moe_intermediate_size":20,"first_k_dense_replace":1,
+      "moe_layer_freq":2,"topk_method":"greedy","torch_dtype":"float32"})";
+  else if (name == "tiny-moe-odd")
     json = R"({"model_type":"qwen3_moe","hidden_size":32,"intermediate_size":56,"num_hidden_layers":4,
       "num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"vocab_size":67,"attention_bias":true,
       "num_experts":5,"num_experts_per_tok":2,"moe_intermediate_size":30,"decoder_sparse_step":2,
@@ -34,7 +40,7 @@ inline std::shared_ptr<const nereus::ModelSpec> synthetic(const std::string& nam
 }
 
 inline std::shared_ptr<const nereus::ModelSpec> model(const std::string& name) {
-  if (name == "tiny-qwen3" || name == "tiny-llama-bias" || name == "tiny-moe-odd") return synthetic(name);
+  if (name == "tiny-qwen3" || name == "tiny-llama-bias" || name == "tiny-moe-odd" || name == "tiny-mla-odd") return synthetic(name);
   return nereus::load_model(name);
 }
 

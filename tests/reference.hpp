@@ -21,19 +21,41 @@ struct Tensor {
   std::string name;
   std::vector<std::int64_t> shape;
   char rule;  // 'v' vocab rows, 'q' heads rows, 'k' kv rows, 'o' heads cols, 'i' I rows, 'd' I cols, 'r' replicated,
-              // 'x' expert Ie rows, 'y' expert Ie cols
+              // 'x' expert Ie rows, 'y' expert Ie cols; MLA: 'Q' heads rows of width dn+dr, 'B' heads rows of
+              // width dn+dv, 'O' heads cols of width dv; shared experts: 's' Es·Ie rows, 't' Es·Ie cols
   int layer;  // -1 outside layers
   char where; // 'e' embedding, 'l' layer, 'n' final norm, 'h' lm_head or score
   int expert = -1;
+  bool f32 = false;  // param always float32 (the router's e_score_correction_bias)
 };
 
+inline bool deepseek(const nereus::ModelConfig& c) { return c.arch == nereus::Arch::deepseek_v3; }
+
 /// sharding.md: a qwen3_moe layer l is sparse when l is not in mlp_only_layers and
-/// (l + 1) mod decoder_sparse_step = 0.
+/// (l + 1) mod decoder_sparse_step = 0; a DeepSeek-V3-style layer when l ≥
+/// first_k_dense_replace and l mod moe_layer_freq = 0.
 inline bool sparse(const nereus::ModelConfig& c, int l) {
   if (c.experts == 0) return false;
+  if (deepseek(c)) return l >= c.first_dense && l % c.moe_layer_freq == 0;
   for (auto d : c.dense_layers)
     if (d == l) return false;
   return (l + 1) % c.sparse_step == 0;
+}
+
+/// The attention tensors of a DeepSeek-V3-style layer (sharding.md's MLA table).
+inline void mla_attention(const nereus::ModelConfig& c, const std::string& p, int l, std::vector<Tensor>& out) {
+  const std::int64_t H = c.hidden, nh = c.heads, dn = c.qk_nope_dim, dr = c.qk_rope_dim, dv = c.v_head_dim;
+  if (c.q_lora_rank > 0) {
+    out.push_back({p + "self_attn.q_a_proj.weight", {c.q_lora_rank, H}, 'r', l, 'l'});
+    out.push_back({p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}, 'r', l, 'l'});
+    out.push_back({p + "self_attn.q_b_proj.weight", {nh * (dn + dr), c.q_lora_rank}, 'Q', l, 'l'});
+  } else {
+    out.push_back({p + "self_attn.q_proj.weight", {nh * (dn + dr), H}, 'Q', l, 'l'});
+  }
+  out.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + dr, H}, 'r', l, 'l'});
+  out.push_back({p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, 'r', l, 'l'});
+  out.push_back({p + "self_attn.kv_b_proj.weight", {nh * (dn + dv), c.kv_lora_rank}, 'B', l, 'l'});
+  out.push_back({p + "self_attn.o_proj.weight", {H, nh * dv}, 'O', l, 'l'});
 }
 
 inline std::vector<Tensor> tensors(const nereus::ModelConfig& c) {
@@ -43,6 +65,9 @@ inline std::vector<Tensor> tensors(const nereus::ModelConfig& c) {
   for (int l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     out.push_back({p + "input_layernorm.weight", {H}, 'r', l, 'l'});
+    if (deepseek(c)) {
+      mla_attention(c, p, l, out);
+    } else {
     out.push_back({p + "self_attn.q_proj.weight", {q, H}, 'q', l, 'l'});
     out.push_back({p + "self_attn.k_proj.weight", {kv, H}, 'k', l, 'l'});
     out.push_back({p + "self_attn.v_proj.weight", {kv, H}, 'k', l, 'l'});
@@ -56,10 +81,19 @@ inline std::vector<Tensor> tensors(const nereus::ModelConfig& c) {
       out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, 'r', l, 'l'});
     }
     out.push_back({p + "self_attn.o_proj.weight", {H, q}, 'o', l, 'l'});
+    }
     out.push_back({p + "post_attention_layernorm.weight", {H}, 'r', l, 'l'});
     if (sparse(c, l)) {
       const std::int64_t Ie = c.expert_intermediate;
       out.push_back({p + "mlp.gate.weight", {c.experts, H}, 'r', l, 'l'});
+      if (deepseek(c) && c.router_bias)
+        out.push_back({p + "mlp.gate.e_score_correction_bias", {c.experts}, 'r', l, 'l', -1, true});
+      if (deepseek(c) && c.shared_experts > 0) {
+        const std::int64_t S = c.shared_experts * Ie;
+        out.push_back({p + "mlp.shared_experts.gate_proj.weight", {S, H}, 's', l, 'l'});
+        out.push_back({p + "mlp.shared_experts.up_proj.weight", {S, H}, 's', l, 'l'});
+        out.push_back({p + "mlp.shared_experts.down_proj.weight", {H, S}, 't', l, 'l'});
+      }
       for (int x = 0; x < c.experts; ++x) {
         const std::string e = p + "mlp.experts." + std::to_string(x) + ".";
         out.push_back({e + "gate_proj.weight", {Ie, H}, 'x', l, 'l', x});
@@ -134,6 +168,15 @@ inline std::optional<Box> shard(const nereus::ModelConfig& c, const Tensor& t, c
     case 'y': b[1] = nth(c.expert_intermediate, l.expert_tp(), g % l.expert_tp()); break;
     case 'q': heads = nth(c.heads, l.tp, r); b[0] = {heads.first * c.head_dim, heads.second * c.head_dim}; break;
     case 'o': heads = nth(c.heads, l.tp, r); b[1] = {heads.first * c.head_dim, heads.second * c.head_dim}; break;
+    case 'Q': case 'B': case 'O': {
+      // MLA: heads part(nh, tp, r), each w wide: dn+dr (queries), dn+dv (kv_b), dv (o's columns).
+      const std::int64_t w = t.rule == 'Q' ? c.qk_nope_dim + c.qk_rope_dim : t.rule == 'B' ? c.qk_nope_dim + c.v_head_dim : c.v_head_dim;
+      heads = nth(c.heads, l.tp, r);
+      b[t.rule == 'O' ? 1 : 0] = {heads.first * w, heads.second * w};
+      break;
+    }
+    case 's': b[0] = nth(c.shared_experts * c.expert_intermediate, l.tp, r); break;
+    case 't': b[1] = nth(c.shared_experts * c.expert_intermediate, l.tp, r); break;
     case 'k':
       if (l.tp <= c.kv_heads) heads = nth(c.kv_heads, l.tp, r);
       else heads = {r * c.kv_heads / l.tp, r * c.kv_heads / l.tp + 1};
@@ -167,6 +210,19 @@ inline std::map<std::string, Buffer> buffers(const nereus::ModelConfig& c, const
     if (l.fused && ts[i].expert >= 0) {
       const auto at = name.find(".experts.");
       name = name.substr(0, at) + (ts[i].rule == 'y' ? ".experts.w2_weight" : ".experts.w13_weight");
+    } else if (l.fused && deepseek(c)) {
+      // vLLM's DeepSeek: [q_a_proj; kv_a_proj_with_mqa] when q is compressed, and the
+      // shared experts' [gate; up]; q_b_proj (or q_proj), kv_b_proj and o_proj as they are.
+      const std::pair<const char*, const char*> fused_names[] = {
+          {".q_a_proj.", ".fused_qkv_a_proj."}, {".kv_a_proj_with_mqa.", ".fused_qkv_a_proj."},
+          {".shared_experts.gate_proj.", ".shared_experts.gate_up_proj."}, {".shared_experts.up_proj.", ".shared_experts.gate_up_proj."},
+          {".mlp.gate_proj.", ".mlp.gate_up_proj."}, {".mlp.up_proj.", ".mlp.gate_up_proj."}};
+      for (auto [from, to] : fused_names) {
+        const auto pos = name.find(from);
+        if (pos == std::string::npos || (c.q_lora_rank == 0 && std::strstr(from, "kv_a"))) continue;
+        name = name.substr(0, pos) + to + name.substr(pos + std::strlen(from));
+        break;
+      }
     } else if (l.fused) {
       const std::pair<const char*, const char*> fused_names[] = {
           {".q_proj.", ".qkv_proj."}, {".k_proj.", ".qkv_proj."}, {".v_proj.", ".qkv_proj."},

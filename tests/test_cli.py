@@ -88,6 +88,15 @@ with tempfile.TemporaryDirectory() as d:
     expect_error(["plan", "--model", cfg("c.json", '{"model_type":"llama",' + base.replace('"vocab_size":50', '"vocab_size":"big"') + '}'),
                   "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "vocab_size")
     expect_error(["plan", "--model", cfg("d.json", "{"), "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "not valid JSON")
+    # DeepSeek-V3-style configs: what is not modelled yet, and missing MLA fields, by name.
+    ds = open(os.path.join(os.path.dirname(__file__), "..", "presets", "models", "tiny-deepseek-v3.json")).read()
+    for name, text, needle in [
+            ("ds1.json", ds.replace('"torch_dtype"', '"attention_bias": true, "torch_dtype"'), "'attention_bias' is true"),
+            ("ds2.json", ds.replace('"quant_method"', '"scale_fmt": "ue8m0", "quant_method"'), "'quantization_config.scale_fmt'"),
+            ("ds3.json", ds.replace('"kv_lora_rank": 16,', ''), "'kv_lora_rank'")]:
+        expect_error(["plan", "--model", cfg(name, text), "--from", "tp=1,pp=1,dp=1", "--to", "tp=2,pp=1,dp=1"], needle)
+    expect_error(["plan", "--model", "tiny-deepseek-v3", "--from", "tp=3,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"],
+                 "does not divide num_attention_heads=4")
     st = os.path.join(d, "bad.safetensors")
     header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [1003, 128], "data_offsets": [0, 256768]}}).encode()
     with open(st, "wb") as f:

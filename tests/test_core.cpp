@@ -19,6 +19,7 @@
 #include "nereus/core/packing.hpp"
 #include "nereus/core/presets.hpp"
 #include "nereus/core/sharding.hpp"
+#include "cases.hpp"
 #include "reference.hpp"
 
 using namespace nereus;
@@ -44,7 +45,7 @@ TEST_CASE("presets are copies of the design folder's files (an optional check, w
   // still to come). A clone alone has none: the check says it did not run.
   const char* shared = std::getenv("NEREUS_SHARED");
   if (!shared || !std::filesystem::is_directory(std::string(shared) + "/models")) {
-    MESSAGE("optional check not run: no design folder at NEREUS_SHARED (", shared ? shared : "unset", ")");
+    MESSAGE("optional check not run: no design folder at NEREUS_SHARED (" << std::string(shared ? shared : "unset") << ")");
     return;
   }
   for (const auto& [kind, folder] : {std::pair{PresetKind::model, "models"}, std::pair{PresetKind::cluster, "clusters"},
@@ -61,9 +62,15 @@ TEST_CASE("presets are copies of the design folder's files (an optional check, w
 }
 
 TEST_CASE("tensor lists match the independent reading of sharding.md") {
-  for (const auto& name : preset_names(PresetKind::model)) {
-    const auto m = load_model(name);
+  std::vector<std::string> names = preset_names(PresetKind::model);
+  names.push_back("tiny-mla-odd");  // MLA without q compression, uneven experts (tests/cases.hpp)
+  for (const auto& name : names) {
+    CAPTURE(name);
+    const auto m = testcase::model(name);
     const auto want = ref::tensors(m->config());
+    // The full-size DeepSeek-V3 and Kimi-K2 (45,395 and 69,975 tensors): their lists; their
+    // shards follow the same rules as the tiny MLA models' checked below.
+    const bool shards = m->tensors().size() < 5000;
     REQUIRE(want.size() == m->tensors().size());
     for (const auto& t : want) {
       const auto id = m->find(t.name);
@@ -73,6 +80,8 @@ TEST_CASE("tensor lists match the independent reading of sharding.md") {
       for (int d = 0; d < info.rank; ++d) CHECK(info.shape[d] == t.shape[d]);
       if (info.layer >= 0) CHECK(m->find(info.kind, info.layer, std::max(info.expert, 0)) == id);
       CHECK(info.expert == t.expert);
+      CHECK(info.dtype == (t.f32 ? DType::f32 : m->config().dtype));
+      if (!shards) continue;
       std::vector<Layout> layouts{Layout{1, 1, {}, Packing::hf}, Layout{2, 2, {}, Packing::hf}, Layout{4, 3, {}, Packing::hf}};
       if (m->config().moe())  // expert parallelism: whole experts, and experts split 2 ways across ep ranks
         layouts.insert(layouts.end(), {Layout{1, 2, {}, Packing::hf, 4, 1}, Layout{2, 1, {}, Packing::hf, 2, 4},
@@ -363,6 +372,65 @@ TEST_CASE("mixture of experts: config fields, sparse layers, published sizes, er
   CHECK(step2.sparse_layer(1));
   CHECK_FALSE(step2.sparse_layer(2));
   CHECK_FALSE(step2.sparse_layer(3));  // (3 + 1) mod 2 = 0, but listed in mlp_only_layers
+}
+
+TEST_CASE("DeepSeek-V3-style models: MLA, dense-first layers, shared experts, the float32 router bias, errors") {
+  const auto v3 = load_model("deepseek-v3");
+  const auto k2 = load_model("kimi-k2");
+  CHECK(v3->config().arch == Arch::deepseek_v3);
+  CHECK(k2->config().arch == Arch::deepseek_v3);  // model_type kimi_k2 is the same architecture
+  // "671B total" (the MTP module of num_nextn_predict_layers is not part of the model), "1.04T".
+  CHECK(std::abs(static_cast<double>(v3->parameters()) / 671e9 - 1) < 0.01);
+  CHECK(std::abs(static_cast<double>(k2->parameters()) / 1.03e12 - 1) < 0.01);
+  CHECK(v3->config().sparse_layers() == 58);  // first_k_dense_replace 3 of 61
+  CHECK(k2->config().sparse_layers() == 60);
+  CHECK_FALSE(v3->find("model.layers.61.self_attn.q_a_proj.weight").has_value());
+  const TensorInfo& kvb = v3->tensor(*v3->find("model.layers.0.self_attn.kv_b_proj.weight"));
+  CHECK(kvb.shape[0] == 128 * (128 + 128));
+  CHECK(kvb.shape[1] == 512);
+  const TensorInfo& bias = v3->tensor(*v3->find("model.layers.3.mlp.gate.e_score_correction_bias"));
+  CHECK(bias.dtype == DType::f32);
+  CHECK(bias.shape[0] == 256);
+  CHECK(v3->tensor(*v3->find("model.layers.3.mlp.shared_experts.down_proj.weight")).shape[1] == 2048);
+  CHECK_FALSE(v3->find("model.layers.2.mlp.gate.weight").has_value());  // dense-first
+  // o_proj's columns are heads of v_head_dim; queries of dn + dr.
+  const ModelConfig& c = v3->config();
+  CHECK(tp_range(c, v3->tensor(*v3->find("model.layers.5.self_attn.o_proj.weight")), 8, 1).lo == 16 * 128);
+  CHECK(tp_range(c, v3->tensor(*v3->find("model.layers.5.self_attn.q_b_proj.weight")), 8, 1).lo == 16 * 192);
+  CHECK(tp_range(c, v3->tensor(*v3->find("model.layers.5.self_attn.kv_a_proj_with_mqa.weight")), 8, 1).size() == 576);
+
+  const std::string base = R"("architectures":["DeepseekV3ForCausalLM"],"model_type":"deepseek_v3","hidden_size":64,
+    "intermediate_size":128,"moe_intermediate_size":32,"num_hidden_layers":3,"num_attention_heads":4,"vocab_size":256,
+    "n_routed_experts":8,"num_experts_per_tok":2,"q_lora_rank":32,"kv_lora_rank":16,"qk_nope_head_dim":16,
+    "qk_rope_head_dim":16,"v_head_dim":16,"torch_dtype":"bfloat16")";
+  auto parse = [&](const std::string& extra) { return error_of([&] { parse_model_config("{" + base + extra + "}", "ds.json"); }); };
+  CHECK(parse("").empty());
+  CHECK(has(parse(R"(,"attention_bias":true)"), "'attention_bias' is true"));
+  CHECK(has(parse(R"(,"quantization_config":{"weight_block_size":[128,128],"scale_fmt":"ue8m0"})"), "'quantization_config.scale_fmt'"));
+  CHECK(has(parse(R"(,"quantization_config":{"weight_block_size":[128]})"), "weight_block_size"));
+  CHECK(has(parse(R"(,"moe_layer_freq":0)"), "'moe_layer_freq'"));
+  CHECK(has(error_of([&] {
+          parse_model_config(R"({"model_type":"deepseek_v3","hidden_size":64,"intermediate_size":128,"num_hidden_layers":3,
+            "num_attention_heads":4,"vocab_size":256,"n_routed_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":32,
+            "qk_nope_head_dim":16,"qk_rope_head_dim":16,"v_head_dim":16,"torch_dtype":"bfloat16"})", "ds.json");
+        }),
+        "'kv_lora_rank'"));
+  // Nested under text_config (a multimodal wrapper), read from there.
+  const ModelConfig nested = parse_model_config(R"({"architectures":["KimiVLForConditionalGeneration"],"text_config":{)" + base + "}}", "k.json");
+  CHECK(nested.arch == Arch::deepseek_v3);
+  CHECK(nested.kv_lora_rank == 16);
+  // q_lora_rank null: q_proj straight from H; topk_method other than noaux_tc: no bias.
+  const auto plain = testcase::model("tiny-mla-odd");
+  CHECK(plain->find("model.layers.0.self_attn.q_proj.weight").has_value());
+  CHECK_FALSE(plain->find("model.layers.0.self_attn.q_a_proj.weight").has_value());
+  CHECK_FALSE(plain->find("model.layers.2.mlp.gate.e_score_correction_bias").has_value());
+  CHECK(plain->find("model.layers.2.mlp.gate.weight").has_value());   // 2 ≥ 1 and 2 mod 2 = 0
+  CHECK_FALSE(plain->find("model.layers.3.mlp.gate.weight").has_value());
+  // Fused packing as vLLM: [q_a; kv_a] replicated, the shared experts' [gate; up].
+  const auto tiny = load_model("tiny-deepseek-v3");
+  CHECK(buffer_name(*tiny, *tiny->find(TensorKind::q_a, 1), Packing::fused) == "model.layers.1.self_attn.fused_qkv_a_proj.weight");
+  CHECK(buffer_name(*tiny, *tiny->find(TensorKind::shared_gate, 1), Packing::fused) == "model.layers.1.mlp.shared_experts.gate_up_proj.weight");
+  CHECK(buffer_name(*tiny, *tiny->find(TensorKind::kv_b, 1), Packing::fused) == "model.layers.1.self_attn.kv_b_proj.weight");
 }
 
 TEST_CASE("MoE layouts: specs, validity errors naming the rule, sharding.md's worked examples") {

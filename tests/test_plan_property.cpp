@@ -32,8 +32,11 @@ void each_position(const nereus::Emu& u, F&& f) {
     for (int g = 0; g < l.tp * l.ep; ++g) f(s, g, u.gpus[ref::device_index(l, s, g)]);
 }
 
-std::uint32_t slot_width(const nereus::ModelConfig& c, Slot s) {
-  return nereus::width(nereus::slot_dtype(s, c.dtype));
+/// Element width of tensor t's slot s (sharding.md: param in the config's dtype unless the
+/// table marks the tensor float32; optimizer slots float32), from the reference's reading.
+std::uint32_t slot_width(const nereus::ModelConfig& c, const ref::Tensor& t, Slot s) {
+  if (s != Slot::param || t.f32) return 4;
+  return nereus::width(c.dtype);
 }
 
 bool collection_has_slot(const Collection& c, Slot s) {
@@ -92,7 +95,7 @@ std::map<BufferKey, Bytes> make_buffers(const nereus::ModelConfig& c, const std:
     each_position(u, [&](int s, int r, nereus::DeviceId dev) {
         for (auto& [name, buf] : ref::buffers(c, ts, to_ref(u.layout), s, r))
           for (Slot slot : coll.slots()) {
-            const std::uint32_t w = slot_width(c, slot);
+            const std::uint32_t w = slot_width(c, ts[buf.parts.front().first], slot);
             Bytes b;
             b.layout = buf;
             std::int64_t n = 0;
@@ -162,7 +165,7 @@ void check_case(const testcase::Case& k) {
           if (auto b = ref::shard(c, ts[ti], to_ref(u.layout), s, r))
             for (Slot slot : k.target.slots()) {
               dest[{dev, ti, slot}] = {*b, std::vector<unsigned char>(static_cast<std::size_t>(ref::volume(*b)), 0)};
-              target_bytes += static_cast<std::uint64_t>(ref::volume(*b)) * slot_width(c, slot);
+              target_bytes += static_cast<std::uint64_t>(ref::volume(*b)) * slot_width(c, ts[ti], slot);
             }
     });
 
@@ -188,7 +191,7 @@ void check_case(const testcase::Case& k) {
       const std::int64_t idx = (i - db[0].first) * width1 + (db.size() > 1 ? j - db[1].first : 0);
       ++it->second.count[static_cast<std::size_t>(idx)];
     });
-    CHECK(t.bytes == static_cast<std::uint64_t>(t.box.elements()) * slot_width(c, t.slot));
+    CHECK(t.bytes == static_cast<std::uint64_t>(t.box.elements()) * slot_width(c, ts[ti], t.slot));
     if (t.local()) {
       local += t.bytes;
       if (t.keep) kept += t.bytes;
@@ -229,7 +232,7 @@ void check_case(const testcase::Case& k) {
         if (in) held[static_cast<std::size_t>((i - d.box[0].first) * width1 + (d.box.size() > 1 ? j - d.box[1].first : 0))] = 1;
       });
     }
-    lower += static_cast<std::uint64_t>(std::count(held.begin(), held.end(), 0)) * slot_width(c, slot);
+    lower += static_cast<std::uint64_t>(std::count(held.begin(), held.end(), 0)) * slot_width(c, ts[ti], slot);
   }
 
   const auto& sum = plan.summary();
@@ -253,7 +256,8 @@ void check_case(const testcase::Case& k) {
     auto db = dst_bufs.find({t.dst, nereus::buffer_name(m, t.dst_view.buffer, t.dst_view.packing), t.slot});
     REQUIRE(sb != src_bufs[t.source].end());
     REQUIRE(db != dst_bufs.end());
-    REQUIRE_MESSAGE(apply(t, slot_width(c, t.slot), sb->second, db->second), "view outside its buffer: ",
+    REQUIRE_MESSAGE(apply(t, slot_width(c, ts[ref_index.at(m.tensor(t.tensor).name)], t.slot), sb->second, db->second),
+                    "view outside its buffer: ",
                     m.tensor(t.tensor).name, " box ", t.box.to_string(), " src off ", t.src_view.view.offset,
                     " dst off ", t.dst_view.view.offset, " sizes ", sb->second.data.size(), " ", db->second.data.size());
   }
@@ -279,7 +283,7 @@ void check_case(const testcase::Case& k) {
 }
 
 const std::vector<std::string> kModels{"tiny-llama", "tiny-qwen2-tied", "tiny-qwen3", "tiny-llama-bias"};
-const std::vector<std::string> kMoeModels{"tiny-qwen3-moe", "tiny-moe-odd"};
+const std::vector<std::string> kMoeModels{"tiny-qwen3-moe", "tiny-moe-odd", "tiny-deepseek-v3", "tiny-mla-odd"};
 
 /// Random cases whose target GPUs the placement optimiser reorders first.
 void check_with_placement(std::uint64_t seed, const std::vector<std::string>& models, int n) {

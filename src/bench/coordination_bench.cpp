@@ -173,8 +173,7 @@ Trial draw_trial(const JobSpec& job, const CoordinationConfig& c, PlanDraw& draw
       UnitGeometry& geo = *slot;
       for (int s = 0; s < e.layout.pp; ++s)
         for (int r = 0; r < e.layout.stage_size(); ++r)
-          m[e.device(s, r)] += sign * geo.elements({&e.layout, s, r}) *
-                               static_cast<std::int64_t>(bytes_per_element(col.model->config(), col.train));
+          m[e.device(s, r)] += sign * static_cast<std::int64_t>(geo.held({&e.layout, s, r}).bytes(col.train));
     };
     const std::int64_t budget = static_cast<std::int64_t>(g.feasibility.budget);
     auto index_of = [&](const std::string& name) {

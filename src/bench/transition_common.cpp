@@ -221,10 +221,9 @@ void check_host_memory(const Prepared& p) {
   std::uint64_t need = p.plan.summary().target_bytes - p.plan.summary().kept_bytes;
   for (const Collection& c : p.plan.sources()) {
     UnitGeometry geo(c.model);
-    const std::uint64_t bpe = bytes_per_element(c.model->config(), c.train);
     for (const Emu& u : c.units)
       for (int s = 0; s < u.layout.pp; ++s)
-        for (int g = 0; g < u.layout.stage_size(); ++g) need += static_cast<std::uint64_t>(geo.elements({&u.layout, s, g})) * bpe;
+        for (int g = 0; g < u.layout.stage_size(); ++g) need += geo.held({&u.layout, s, g}).bytes(c.train);
   }
   const std::uint64_t free = host_memory_available();
   if (free > 0 && need > free)

@@ -27,7 +27,8 @@ void run_model(const ModelArgs& a) {
     checked = list.size();
   }
   const ModelConfig& c = model->config();
-  const std::uint64_t bytes = static_cast<std::uint64_t>(model->parameters()) * width(c.dtype);
+  std::uint64_t bytes = 0;  // each tensor at its own width (DeepSeek's router bias is float32)
+  for (const TensorInfo& t : model->tensors()) bytes += static_cast<std::uint64_t>(t.elements()) * width(t.dtype);
   if (a.json) {
     nlohmann::json j = {{"model", a.model},        {"arch", std::string(to_string(c.arch))},
                         {"hidden_size", c.hidden}, {"intermediate_size", c.intermediate},
@@ -42,13 +43,23 @@ void run_model(const ModelArgs& a) {
       j["moe_intermediate_size"] = c.expert_intermediate;
       j["sparse_layers"] = c.sparse_layers();
     }
+    if (c.mla()) {
+      j["q_lora_rank"] = c.q_lora_rank > 0 ? nlohmann::json(c.q_lora_rank) : nlohmann::json(nullptr);
+      j["kv_lora_rank"] = c.kv_lora_rank;
+      j["qk_nope_head_dim"] = c.qk_nope_dim;
+      j["qk_rope_head_dim"] = c.qk_rope_dim;
+      j["v_head_dim"] = c.v_head_dim;
+      j["n_shared_experts"] = c.shared_experts;
+      j["first_k_dense_replace"] = c.first_dense;
+      j["e_score_correction_bias"] = c.router_bias;
+    }
     if (!a.weights.empty()) j["checkpoint_tensors_checked"] = checked;
     if (a.tensors) {
       auto arr = nlohmann::json::array();
       for (const auto& t : model->tensors()) {
         auto shape = nlohmann::json::array({t.shape[0]});
         if (t.rank == 2) shape.push_back(t.shape[1]);
-        arr.push_back({{"name", t.name}, {"shape", shape}});
+        arr.push_back({{"name", t.name}, {"shape", shape}, {"dtype", std::string(to_string(t.dtype))}});
       }
       j["tensors"] = std::move(arr);
     }
@@ -58,17 +69,24 @@ void run_model(const ModelArgs& a) {
   std::cout << fmt::format("{}: {} H={} I={} L={} heads={} kv_heads={} head_dim={} V={}{}\n", a.model,
                            to_string(c.arch), c.hidden, c.intermediate, c.layers, c.heads, c.kv_heads,
                            c.head_dim, c.vocab, c.tied_embeddings ? " tied" : "");
+  if (c.mla())
+    std::cout << fmt::format("MLA: q_lora_rank={} kv_lora_rank={} qk_nope={} qk_rope={} v_head_dim={}\n",
+                             c.q_lora_rank > 0 ? std::to_string(c.q_lora_rank) : "none", c.kv_lora_rank, c.qk_nope_dim,
+                             c.qk_rope_dim, c.v_head_dim);
   if (c.moe())
-    std::cout << fmt::format("experts: {} of {} per token, Ie={}, in {} sparse layers of {}\n", c.experts_per_token,
-                             c.experts, c.expert_intermediate, c.sparse_layers(), c.layers);
+    std::cout << fmt::format("experts: {} of {} per token, Ie={}, in {} sparse layers of {}{}\n", c.experts_per_token,
+                             c.experts, c.expert_intermediate, c.sparse_layers(), c.layers,
+                             c.shared_experts > 0 ? fmt::format(", {} shared", c.shared_experts) : "");
   std::cout << fmt::format("{:.3f} B parameters, {} in {} ({} tensors)\n",
                            static_cast<double>(model->parameters()) / 1e9, human_bytes(bytes),
                            to_string(c.dtype), model->tensors().size());
   if (!a.weights.empty()) std::cout << fmt::format("checkpoint {} matches ({} tensors)\n", a.weights, checked);
   if (a.tensors)
     for (const auto& t : model->tensors())
-      std::cout << (t.rank == 2 ? fmt::format("  {:<52} [{}, {}]\n", t.name, t.shape[0], t.shape[1])
-                                : fmt::format("  {:<52} [{}]\n", t.name, t.shape[0]));
+      std::cout << (t.rank == 2 ? fmt::format("  {:<52} [{}, {}]{}\n", t.name, t.shape[0], t.shape[1],
+                                              t.dtype != c.dtype ? " " + std::string(to_string(t.dtype)) : "")
+                                : fmt::format("  {:<52} [{}]{}\n", t.name, t.shape[0],
+                                              t.dtype != c.dtype ? " " + std::string(to_string(t.dtype)) : ""));
 }
 
 }  // namespace

@@ -85,12 +85,19 @@ constexpr double kExpertTileRows = 64;   // rows of a grouped-GEMM tile (MoE exp
 constexpr double kMaxRunning = 256;       // sequences a generation engine decodes at once (vLLM's max_num_seqs)
 
 /// What the formulas need of a model. Mixture-of-experts models (sharding.md): Ls of the
-/// L layers are sparse, with a router and E experts of width Ie, k of them per token.
+/// L layers are sparse, with a router and E experts of width Ie, k of them per token, and
+/// (DeepSeek-V3-style) a shared expert MLP of width Es·Ie that every token passes through.
+/// MLA attention (sharding.md, "DeepSeek-V3-style models"): queries through a latent of
+/// qr (or straight from H), keys and values decompressed from a latent of kvr, rope
+/// dimensions dr; its KV cache is that latent and the rope keys, per token and layer,
+/// replicated on every TP rank (vLLM's MLA).
 struct Shape {
   double H, I, L, nh, nkv, hd, V;
   bool tied;
   double labels;  ///< rows of a score head (value and reward models); 0: a language-model head
-  double E = 0, k = 0, Ie = 0, Ls = 0;
+  double E = 0, k = 0, Ie = 0, Ls = 0, Es = 0;
+  bool mla = false;
+  double qr = 0, kvr = 0, dn = 0, dr = 0, dv = 0;
   explicit Shape(const ModelConfig& m)
       : H(static_cast<double>(m.hidden)), I(static_cast<double>(m.intermediate)), L(static_cast<double>(m.layers)),
         nh(static_cast<double>(m.heads)), nkv(static_cast<double>(m.kv_heads)), hd(static_cast<double>(m.head_dim)),
@@ -99,30 +106,49 @@ struct Shape {
       E = static_cast<double>(m.experts), k = static_cast<double>(m.experts_per_token);
       Ie = static_cast<double>(m.expert_intermediate);
       Ls = static_cast<double>(m.sparse_layers());
+      Es = static_cast<double>(m.shared_experts);
+    }
+    if (m.mla()) {
+      mla = true;
+      qr = static_cast<double>(m.q_lora_rank), kvr = static_cast<double>(m.kv_lora_rank);
+      dn = static_cast<double>(m.qk_nope_dim), dr = static_cast<double>(m.qk_rope_dim), dv = static_cast<double>(m.v_head_dim);
     }
   }
+  /// Attention weights a GPU of tensor rank group tp holds per layer: the heads' share of
+  /// the projections, the replicated ones whole (MLA's latents, norms).
+  double attention_elements(int tp) const {
+    if (!mla) return 2 * H * nh * hd / tp + 2 * H * hd * kv_heads(tp);
+    const double q = qr > 0 ? H * qr + qr + qr * nh * (dn + dr) / tp : H * nh * (dn + dr) / tp;
+    return q + H * (kvr + dr) + kvr + kvr * nh * (dn + dv) / tp + nh * dv * H / tp;
+  }
+  /// KV cache elements one token puts in one layer on a GPU of tensor rank group tp.
+  double kv_elements(int tp) const { return mla ? kvr + dr : 2 * kv_heads(tp) * hd; }
+  /// Score and value widths summed over the heads (attention's T² FLOPs).
+  double attention_width() const { return mla ? nh * (dn + dr + dv) / 2 : nh * hd; }
   /// Output rows a GPU of tensor rank group tp computes: the vocabulary split by TP, or a
   /// score head's labels, replicated.
   double out_rows(int tp) const { return labels > 0 ? labels : V / tp; }
-  double attention_linear() const { return H * nh * hd * 2 + 2 * H * nkv * hd; }
+  double attention_linear() const { return mla ? attention_elements(1) : H * nh * hd * 2 + 2 * H * nkv * hd; }
   /// Matrix-multiply weights a token passes through outside the experts (attention, dense
-  /// MLPs, routers, the output projection), and inside the k experts it picks.
-  double linear() const { return L * attention_linear() + (L - Ls) * 3 * H * I + Ls * E * H + out_rows(1) * H; }
+  /// MLPs, routers, shared experts, the output projection), and inside the k experts it picks.
+  double linear() const {
+    return L * attention_linear() + (L - Ls) * 3 * H * I + Ls * (E * H + 3 * H * Es * Ie) + out_rows(1) * H;
+  }
   double expert_linear() const { return Ls * k * 3 * H * Ie; }
   /// Parameters of all experts, and of everything else.
   double expert_params() const { return Ls * E * 3 * H * Ie; }
   double params() const {
-    return L * (attention_linear() + 2 * H) + (L - Ls) * 3 * H * I + Ls * E * H + expert_params() + V * H +
-           (labels > 0 ? labels * H : tied ? 0 : V * H) + H;
+    return L * (attention_linear() + 2 * H) + (L - Ls) * 3 * H * I + Ls * (E * H + 3 * H * Es * Ie) + expert_params() +
+           V * H + (labels > 0 ? labels * H : tied ? 0 : V * H) + H;
   }
   /// KV heads a GPU of tensor rank group tp holds (replicated when tp > nkv).
   double kv_heads(int tp) const { return std::max(1.0, nkv / tp); }
   /// Elements one layer puts on one GPU: a sparse layer's router is replicated and its
   /// experts spread over tp·ep/etp groups (the fullest one counted).
   double layer_elements(const Candidate& c) const {
-    const double attention = 2 * H * nh * hd / c.tp + 2 * H * hd * kv_heads(c.tp) + 2 * H;
+    const double attention = attention_elements(c.tp) + 2 * H;
     const double dense = 3 * H * I / c.tp;
-    const double sparse = E * H + std::ceil(E * c.expert_tp() / (c.tp * c.ep)) * 3 * H * Ie / c.expert_tp();
+    const double sparse = E * H + 3 * H * Es * Ie / c.tp + std::ceil(E * c.expert_tp() / (c.tp * c.ep)) * 3 * H * Ie / c.expert_tp();
     return attention + (Ls == 0 ? dense : Ls == L ? sparse : std::max(dense, sparse));
   }
   /// Elements on the busiest GPU of a unit: the most layers of a stage plus the embedding
@@ -160,9 +186,13 @@ double decode_gemm_flops(const Shape& m, const Candidate& c, const ClusterSpec& 
     return 2 * n * K / busy;
   };
   const double heads = m.nh / c.tp * m.hd;
-  const double attention = gemm(heads + 2 * m.kv_heads(c.tp) * m.hd, m.H) + gemm(m.H, heads);
+  double attention = gemm(heads + 2 * m.kv_heads(c.tp) * m.hd, m.H) + gemm(m.H, heads);
+  if (m.mla) {
+    const double q = m.qr > 0 ? gemm(m.qr, m.H) + gemm(m.nh / c.tp * (m.dn + m.dr), m.qr) : gemm(m.nh / c.tp * (m.dn + m.dr), m.H);
+    attention = q + gemm(m.kvr + m.dr, m.H) + gemm(m.nh / c.tp * (m.dn + m.dv), m.kvr) + gemm(m.H, m.nh / c.tp * m.dv);
+  }
   const double dense = gemm(2 * m.I / c.tp, m.H) + gemm(m.H, m.I / c.tp);
-  const double router = m.Ls > 0 ? gemm(m.E, m.H) : 0;
+  const double router = m.Ls > 0 ? gemm(m.E, m.H) + (m.Es > 0 ? gemm(2 * m.Es * m.Ie / c.tp, m.H) + gemm(m.H, m.Es * m.Ie / c.tp) : 0) : 0;
   // Every GPU of a pipeline works on its layers of each micro-batch: summed over the
   // pipeline, the whole model per token; the output projection once.
   return m.L * attention + (m.L - m.Ls) * dense + m.Ls * router + gemm(m.out_rows(c.tp), m.H);
@@ -246,7 +276,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
     const double rows = std::max(1e-9, tokens * c.ep * m.k / m.E);
     return std::ceil(rows / kExpertTileRows) * kExpertTileRows / rows;
   };
-  auto attention_flops = [&](double t) { return 2.0 * m.L * m.nh * m.hd * t * t; };  // per sequence
+  auto attention_flops = [&](double t) { return 2.0 * m.L * m.attention_width() * t * t; };  // per sequence
   auto bubble = [&](double micro) { return (micro + c.pp - 1) / std::max(1.0, micro); };
 
   switch (stage.kind) {
@@ -269,7 +299,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       // only its own layers' KV cache, while the other stages read theirs.
       // With expert parallelism each of the ep attention replicas decodes its own batch.
       const double weights = m.gpu_params(c) * 2.0;
-      const double kv_per_token = 2.0 * m.L * m.kv_heads(c.tp) * m.hd * 2.0;
+      const double kv_per_token = m.L * m.kv_elements(c.tp) * 2.0;
       const double iterations = std::max(w.response_len_p95, B / c.ep * R / kMaxRunning);
       const double bytes = iterations * weights + B / c.ep * kv_per_token * (P * R + R * R / 2) / c.pp;
       const double flops = decode_gemm_flops(m, c, k, std::min(B / c.ep, kMaxRunning) / c.pp) * B / c.ep * R / c.pp +
@@ -335,7 +365,7 @@ StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const
     case StageKind::generate:
       // KV cache of the sequences decoding at once (at most kMaxRunning) at full length,
       // plus their logits.
-      transient = std::min(B / c.ep, kMaxRunning) * (T * 2.0 * layers * m.kv_heads(c.tp) * m.hd * 2.0 + m.V / c.tp * 4.0);
+      transient = std::min(B / c.ep, kMaxRunning) * (T * layers * m.kv_elements(c.tp) * 2.0 + m.V / c.tp * 4.0);
       break;
     case StageKind::infer:
       transient = T * m.H * 2.0 * 12.0 + logits;

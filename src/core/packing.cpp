@@ -11,7 +11,11 @@ using K = TensorKind;
 /// Fused groups: the kinds stacked by rows into one buffer, in order.
 std::vector<K> fused_group(const ModelConfig& c, K kind) {
   switch (kind) {
-    case K::q: case K::k: case K::v: return {K::q, K::k, K::v};
+    case K::q: case K::k: case K::v:
+      return c.mla() ? std::vector<K>{} : std::vector<K>{K::q, K::k, K::v};  // MLA's q_b/q_proj stands alone
+    case K::q_a: case K::kv_a:  // vLLM's fused_qkv_a_proj: both latents' down-projections, replicated
+      return c.q_lora_rank > 0 ? std::vector<K>{K::q_a, K::kv_a} : std::vector<K>{};
+    case K::shared_gate: case K::shared_up: return {K::shared_gate, K::shared_up};
     case K::q_bias: case K::k_bias: case K::v_bias:
       return c.qkv_bias ? std::vector<K>{K::q_bias, K::k_bias, K::v_bias} : std::vector<K>{};
     case K::gate: case K::up: return {K::gate, K::up};
@@ -66,6 +70,8 @@ std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing) {
       case K::q: return p + "self_attn.qkv_proj.weight";
       case K::q_bias: return p + "self_attn.qkv_proj.bias";
       case K::gate: return p + "mlp.gate_up_proj.weight";
+      case K::q_a: return p + "self_attn.fused_qkv_a_proj.weight";
+      case K::shared_gate: return p + "mlp.shared_experts.gate_up_proj.weight";
       default: break;
     }
   }

@@ -248,9 +248,9 @@ void check_checkpoint(const ModelSpec& m, const std::vector<CheckpointTensor>& t
         throw Error("checkpoint tensor '" + info.name + "' has shape " + str(*c.shape) + " but the config implies " + str(want));
       }
     }
-    if (c.dtype && *c.dtype != expected_dtype(m.config().dtype))
+    if (c.dtype && *c.dtype != expected_dtype(info.dtype))
       throw Error("checkpoint tensor '" + info.name + "' has dtype " + *c.dtype + " but the config says " +
-                  expected_dtype(m.config().dtype));
+                  expected_dtype(info.dtype));
   }
   for (const auto& t : tensors)
     if (!m.find(t.name)) throw Error("checkpoint has tensor '" + t.name + "' that model " + m.name() + " does not");

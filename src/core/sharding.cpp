@@ -7,8 +7,9 @@ int split_axis(TensorKind k) {
   switch (k) {
     case K::embed: case K::lm_head: case K::q: case K::q_bias: case K::k: case K::k_bias:
     case K::v: case K::v_bias: case K::gate: case K::up: case K::expert_gate: case K::expert_up:
+    case K::kv_b: case K::shared_gate: case K::shared_up:
       return 0;
-    case K::o: case K::down: case K::expert_down:
+    case K::o: case K::down: case K::expert_down: case K::shared_down:
       return 1;
     default:
       return -1;
@@ -28,7 +29,11 @@ Range tp_range(const ModelConfig& m, const TensorInfo& t, int tp, int r) {
   using K = TensorKind;
   switch (t.kind) {
     case K::embed: case K::lm_head: return part(m.vocab, tp, r);
-    case K::q: case K::q_bias: case K::o: return times(part(m.heads, tp, r), m.head_dim);
+    case K::q: case K::q_bias: return times(part(m.heads, tp, r), m.head_dim);  // MLA: hd = dn + dr
+    case K::o: return times(part(m.heads, tp, r), m.o_head_width());
+    case K::kv_b: return times(part(m.heads, tp, r), m.qk_nope_dim + m.v_head_dim);
+    case K::shared_gate: case K::shared_up: case K::shared_down:
+      return part(m.shared_experts * m.expert_intermediate, tp, r);
     case K::k: case K::k_bias: case K::v: case K::v_bias:
       return times(kv_heads_of_rank(m, tp, r), m.head_dim);
     case K::gate: case K::up: case K::down: return part(m.intermediate, tp, r);

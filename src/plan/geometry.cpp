@@ -6,10 +6,6 @@
 
 namespace nereus {
 
-std::uint64_t bytes_per_element(const ModelConfig& m, bool train) {
-  return width(m.dtype) + (train ? 3 * width(DType::f32) : 0);
-}
-
 UnitGeometry::UnitGeometry(std::shared_ptr<const ModelSpec> model) : model_(std::move(model)) {
   // One representative layer of each class (dense, sparse): the first of its class.
   const ModelConfig& c = model_->config();
@@ -39,17 +35,17 @@ int UnitGeometry::intern(const Layout& l) {
   return static_cast<int>(layouts_.size() - 1);
 }
 
-std::int64_t UnitGeometry::elements(std::uint32_t position) {
-  auto it = elements_.find(position);
-  if (it != elements_.end()) return it->second;
+Held UnitGeometry::held(std::uint32_t position) {
+  auto it = held_.find(position);
+  if (it != held_.end()) return it->second;
   const Position p = this->position(position);
-  const std::int64_t n = compute_overlap(p, std::span<const Position>(&p, 1));
-  elements_.emplace(position, n);
+  const Held n = compute_overlap(p, std::span<const Position>(&p, 1));
+  held_.emplace(position, n);
   return n;
 }
 
-std::int64_t UnitGeometry::overlap(std::uint32_t target, std::span<const std::uint32_t> holders) {
-  if (holders.empty()) return 0;
+Held UnitGeometry::overlap(std::uint32_t target, std::span<const std::uint32_t> holders) {
+  if (holders.empty()) return {};
   if (holders.size() > 5) {
     std::vector<Position> hs;
     for (std::uint32_t h : holders) hs.push_back(position(h));
@@ -65,7 +61,7 @@ std::int64_t UnitGeometry::overlap(std::uint32_t target, std::span<const std::ui
   if (it != memo_.end()) return it->second;
   std::array<Position, 5> hs{};
   for (std::size_t i = 0; i < holders.size(); ++i) hs[i] = position(holders[i]);
-  const std::int64_t v = compute_overlap(position(target), std::span<const Position>(hs.data(), holders.size()));
+  const Held v = compute_overlap(position(target), std::span<const Position>(hs.data(), holders.size()));
   memo_.emplace(k, v);
   return v;
 }
@@ -87,18 +83,19 @@ std::int64_t covered(Range want, std::vector<Range>& have) {
 
 }  // namespace
 
-std::int64_t UnitGeometry::compute_overlap(const Position& target, std::span<const Position> holders) const {
+Held UnitGeometry::compute_overlap(const Position& target, std::span<const Position> holders) const {
   const ModelConfig& m = model_->config();
   std::vector<Range> have;
   auto tensor_overlap = [&](const TensorInfo& t, auto&& holds) {
     const Range want = stage_range(m, t, *target.layout, target.r);
-    if (want.empty()) return std::int64_t{0};
+    if (want.empty()) return Held{};
     have.clear();
     for (const Position& h : holders)
       if (holds(h)) have.push_back(stage_range(m, t, *h.layout, h.r));
-    return covered(want, have) * slab_width(t);
+    const std::int64_t e = covered(want, have) * slab_width(t);
+    return Held{e, e * static_cast<std::int64_t>(width(t.dtype))};
   };
-  std::int64_t n = 0;
+  Held n;
   for (TensorId id : outside_) {
     const TensorInfo& t = model_->tensor(id);
     if (!stage_holds(m, *target.layout, target.s, t)) continue;
@@ -126,9 +123,10 @@ std::int64_t UnitGeometry::compute_overlap(const Position& target, std::span<con
       if (count == 0) continue;
       for (TensorId id : layer_rep_[k]) {
         const TensorInfo& t = model_->tensor(id);
-        n += count * tensor_overlap(t, [&](const Position& h) {
-               return held[static_cast<std::size_t>(&h - holders.data())].contains(lo);
-             });
+        const Held one = tensor_overlap(t, [&](const Position& h) {
+          return held[static_cast<std::size_t>(&h - holders.data())].contains(lo);
+        });
+        n += Held{count * one.elements, count * one.param_bytes};
       }
     }
   }

@@ -65,7 +65,7 @@ class Planner {
   void plan_template(std::uint32_t ti, std::uint8_t gi) {
     const Template& t = ix_.templates[ti];
     const SlotGroup& g = ix_.groups[gi];
-    const std::uint64_t per_elem = g.bytes_per_element * t.tensors.size() * static_cast<std::uint64_t>(t.slab_width);
+    const std::uint64_t per_elem = g.bytes_per_element(t.dtype) * t.tensors.size() * static_cast<std::uint64_t>(t.slab_width);
     const std::uint64_t copies = g.slots.size() * t.tensors.size();
     for (std::uint32_t u = 0; u < ix_.target.units.size(); ++u) {
       const Emu& e = ix_.target.units[u];
@@ -245,7 +245,6 @@ template <class Keep>
 std::vector<Transfer> ReshardPlan::materialise(Keep&& keep) const {
   const ReshardIndex& ix = *index_;
   const ModelSpec& m = ix.model();
-  const DType dt = m.config().dtype;
   std::vector<Transfer> out;
   for (const Piece& p : pieces_) {
     const Holding& h = ix.holdings[p.holding];
@@ -268,7 +267,7 @@ std::vector<Transfer> ReshardPlan::materialise(Keep&& keep) const {
         x.box = box;
         x.src_view = {sp.buffer, src_layout.packing, local_view(box, sp.shard, sp.base)};
         x.dst_view = {dp.buffer, dst_layout.packing, local_view(box, dp.shard, dp.base)};
-        x.bytes = static_cast<std::uint64_t>(box.elements()) * width(slot_dtype(s, dt));
+        x.bytes = static_cast<std::uint64_t>(box.elements()) * width(slot_dtype(s, info.dtype));
         x.keep = p.keep;
         out.push_back(x);
       }

@@ -87,7 +87,7 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
   };
   auto single = [&](TensorId id) {
     const TensorInfo& t = model_->tensor(id);
-    templates.push_back({t.kind, class_of(t), {id}, stage_sets(t), slab_width(t)});
+    templates.push_back({t.kind, class_of(t), {id}, stage_sets(t), slab_width(t), t.dtype});
   };
   single(*model_->find(TensorKind::embed));
   // Layers group by their stage in every layout and by class (dense or sparse).
@@ -106,7 +106,7 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
       const std::int32_t experts = is_expert(k) ? static_cast<std::int32_t>(cfg.experts) : 1;
       for (std::int32_t x = 0; x < experts; ++x) {
         const TensorInfo& first = model_->tensor(*model_->find(k, layers[0], x));
-        Template t{k, class_of(first), {}, stage_sets(first), slab_width(first)};
+        Template t{k, class_of(first), {}, stage_sets(first), slab_width(first), first.dtype};
         for (std::int32_t l : layers) t.tensors.push_back(*model_->find(k, l, x));
         templates.push_back(std::move(t));
       }
@@ -117,11 +117,9 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
   if (auto score = model_->find(TensorKind::score)) single(*score);
 
   // Slot groups: optimizer slots can only come from training sources.
-  const DType dt = cfg.dtype;
   auto group = [&](std::vector<Slot> slots, bool train_only) {
-    SlotGroup g{std::move(slots), {}, 0};
+    SlotGroup g{std::move(slots), {}};
     for (const Collection& c : sources) g.eligible.push_back(!train_only || c.train);
-    for (Slot s : g.slots) g.bytes_per_element += width(slot_dtype(s, dt));
     groups.push_back(std::move(g));
   };
   const bool all_train = std::all_of(sources.begin(), sources.end(), [](const Collection& c) { return c.train; });

@@ -40,13 +40,19 @@ struct Template {
   std::vector<TensorId> tensors;  ///< one per layer of the group
   std::vector<StageSet> stages;   ///< per layout index
   std::int64_t slab_width;        ///< elements per unit of the split axis
+  DType dtype;                    ///< its tensors' param dtype (one kind: one dtype)
 };
 
 /// Target slots planned together, and which source collections hold them.
 struct SlotGroup {
   std::vector<Slot> slots;
   std::vector<char> eligible;        ///< per source collection
-  std::uint64_t bytes_per_element;   ///< summed over slots
+  /// Bytes of one element over these slots, for tensors whose param slot is `param`.
+  std::uint64_t bytes_per_element(DType param) const {
+    std::uint64_t n = 0;
+    for (Slot s : slots) n += width(slot_dtype(s, param));
+    return n;
+  }
 };
 
 /// Contiguous lists by key (device id or node id).

@@ -72,7 +72,6 @@ class TransitionCompiler {
   std::vector<int> role_;
   std::vector<bool> train_, stale_;
   std::vector<UnitGeometry*> geo_;
-  std::vector<std::uint64_t> bpe_;  // bytes per element over the stage's slots
   std::map<const ModelSpec*, std::unique_ptr<UnitGeometry>> geometries_;
   std::vector<std::vector<Holder>> holders_on_;  // by device: old unit positions
   std::vector<std::vector<std::int32_t>> build_of_, destroy_of_;  // node per (stage, unit) or −1

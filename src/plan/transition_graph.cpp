@@ -72,7 +72,7 @@ const std::vector<std::uint64_t>& TransitionCompiler::footprint(std::size_t stag
   if (f.empty())
     for (int s = 0; s < layout.pp; ++s)
       for (int r = 0; r < layout.stage_size(); ++r)
-        f.push_back(static_cast<std::uint64_t>(geo_[stage]->elements(UnitGeometry::code(id, s, r))) * bpe_[stage]);
+        f.push_back(geo_[stage]->held(UnitGeometry::code(id, s, r)).bytes(train_[stage]));
   return f;
 }
 
@@ -121,7 +121,6 @@ void TransitionCompiler::validate() {
     auto& geo = geometries_[st.model.get()];
     if (!geo) geo = std::make_unique<UnitGeometry>(st.model);
     geo_.push_back(geo.get());
-    bpe_.push_back(bytes_per_element(st.model->config(), train_.back()));
     g_.stages.push_back(st.name());
     g_.phase.push_back(static_cast<int>(st.kind));
   }
@@ -358,7 +357,7 @@ void TransitionCompiler::classify_builds() {
             for (const Holder& h : holders_on_[static_cast<std::size_t>(d)])
               if (eligible(h.stage, i)) here.push_back(h.code);
           const std::uint64_t want = fp[static_cast<std::size_t>(s * e.layout.stage_size() + r)];
-          const auto local = static_cast<std::uint64_t>(geo_[i]->overlap(UnitGeometry::code(lid, s, r), here)) * bpe_[i];
+          const std::uint64_t local = geo_[i]->overlap(UnitGeometry::code(lid, s, r), here).bytes(train_[i]);
           const std::uint64_t remote = want - local;
           node.unit_bytes += want;
           node.local_bytes += local;

@@ -90,12 +90,12 @@ void TransitionCompiler::decide_strategies() {
             here.clear();
             for (const Holder& h : holders_on_[static_cast<std::size_t>(dev)])
               if (eligible(h.stage, i)) here.push_back(h.code);
-            const std::int64_t mid_el = geo_[i]->elements(mid);
-            path += static_cast<std::uint64_t>(mid_el - geo_[i]->overlap(mid, here)) * bpe_[i];
-            extra_memory = std::max(extra_memory, static_cast<std::uint64_t>(mid_el) * bpe_[i]);
+            const Held mid_held = geo_[i]->held(mid);
+            path += (mid_held - geo_[i]->overlap(mid, here)).bytes(train_[i]);
+            extra_memory = std::max(extra_memory, mid_held.bytes(train_[i]));
             here.push_back(mid);
             const std::uint32_t p = UnitGeometry::code(geo_[i]->intern(e.layout), k / e.layout.stage_size(), k % e.layout.stage_size());
-            path += static_cast<std::uint64_t>(geo_[i]->elements(p) - geo_[i]->overlap(p, here)) * bpe_[i];
+            path += (geo_[i]->held(p) - geo_[i]->overlap(p, here)).bytes(train_[i]);
           }
         }
         d.via_common_bytes = path;

@@ -119,7 +119,7 @@ void write_slot(const ModelSpec& m, const std::vector<UnitPtr>& units, Slot slot
   for (TensorId id = 0; id < m.tensors().size(); ++id) {
     const TensorInfo& info = m.tensor(id);
     const std::vector<ShardView>& parts = by_tensor[id];
-    DType dtype = slot_dtype(slot, m.config().dtype);
+    DType dtype = slot_dtype(slot, info.dtype);
     if (parts.empty()) throw Error("save: replica 0 holds no " + std::string(to_string(slot)) + " of '" + info.name + "'");
     dtype = parts[0].dtype;
     std::vector<std::int64_t> shape(info.shape.begin(), info.shape.begin() + info.rank);

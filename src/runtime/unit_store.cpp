@@ -43,7 +43,7 @@ std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t si
         }
         for (const auto& [lead, ps] : parts)
           for (Slot slot : c.slots())
-            out.push_back({{side, d, lead, slot}, slot_dtype(slot, m.config().dtype), u.layout.packing, ps});
+            out.push_back({{side, d, lead, slot}, slot_dtype(slot, m.tensor(lead).dtype), u.layout.packing, ps});
       }
   return out;
 }

@@ -14,8 +14,9 @@
 
 namespace nereus {
 
-/// Architecture families whose tensor lists sharding.md defines.
-enum class Arch : std::uint8_t { llama, qwen2, qwen3, qwen3_moe };
+/// Architecture families whose tensor lists sharding.md defines. deepseek_v3 is also
+/// Kimi-K2's `kimi_k2` (sharding.md, "DeepSeek-V3-style models").
+enum class Arch : std::uint8_t { llama, qwen2, qwen3, qwen3_moe, deepseek_v3 };
 
 std::string_view to_string(Arch a);
 
@@ -27,7 +28,7 @@ struct ModelConfig {
   std::int64_t layers = 0;        ///< L
   std::int64_t heads = 0;         ///< nh
   std::int64_t kv_heads = 0;      ///< nkv
-  std::int64_t head_dim = 0;      ///< hd
+  std::int64_t head_dim = 0;      ///< hd; with MLA the query/key head width dn + dr
   std::int64_t vocab = 0;         ///< V
   bool tied_embeddings = false;   ///< never with a score head
   /// num_labels of a score head (`...ForTokenClassification` / `...ForSequenceClassification`:
@@ -43,8 +44,24 @@ struct ModelConfig {
   std::int64_t expert_intermediate = 0;   ///< Ie (moe_intermediate_size)
   std::int64_t sparse_step = 1;           ///< decoder_sparse_step
   std::vector<std::int64_t> dense_layers; ///< mlp_only_layers
+  // DeepSeek-V3-style models: multi-head latent attention (MLA), dense-first layers,
+  // shared experts (sharding.md, "DeepSeek-V3-style models").
+  std::int64_t q_lora_rank = 0;      ///< qr; 0: q_proj instead of q_a_proj/q_b_proj (null)
+  std::int64_t kv_lora_rank = 0;     ///< kvr
+  std::int64_t qk_nope_dim = 0;      ///< dn
+  std::int64_t qk_rope_dim = 0;      ///< dr
+  std::int64_t v_head_dim = 0;       ///< dv
+  std::int64_t shared_experts = 0;   ///< Es (n_shared_experts)
+  std::int64_t first_dense = 0;      ///< first_k_dense_replace
+  std::int64_t moe_layer_freq = 1;   ///< moe_layer_freq
+  bool router_bias = false;          ///< mlp.gate.e_score_correction_bias (topk_method noaux_tc), float32
+  /// quantization_config.weight_block_size [bo, bi]: the FP8 blocks (sharding.md, "Per-tensor dtypes").
+  std::array<std::int64_t, 2> fp8_block{128, 128};
 
   bool moe() const { return experts > 0; }
+  bool mla() const { return arch == Arch::deepseek_v3; }
+  /// Per-head width of o_proj's columns: dv with MLA, hd otherwise.
+  std::int64_t o_head_width() const { return mla() ? v_head_dim : head_dim; }
   /// Whether layer l has the router and experts instead of the dense MLP.
   bool sparse_layer(std::int64_t l) const;
   /// How many layers are sparse.
@@ -56,10 +73,15 @@ struct ModelConfig {
 ModelConfig parse_model_config(std::string_view json_text, std::string_view origin);
 
 /// What a tensor is; decides its TP rule and its pipeline stage.
+/// MLA (deepseek_v3) uses q (q_b_proj, or q_proj without q compression) and o with its own
+/// head widths, and q_a, q_a_norm, kv_a, kv_a_norm, kv_b; its sparse layers add the
+/// router's bias and the shared experts. Expert kinds come last (is_expert).
 enum class TensorKind : std::uint8_t {
   embed, input_norm, q, q_bias, k, k_bias, v, v_bias, q_norm, k_norm, o, post_norm,
   gate, up, down, final_norm, lm_head, score,
-  router, expert_gate, expert_up, expert_down  // sparse layers of qwen3_moe
+  q_a, q_a_norm, kv_a, kv_a_norm, kv_b,            // MLA
+  shared_gate, shared_up, shared_down,             // shared experts (deepseek_v3)
+  router, router_bias, expert_gate, expert_up, expert_down  // sparse layers
 };
 /// How many TensorKinds there are (arrays indexed by kind).
 inline constexpr int kTensorKinds = static_cast<int>(TensorKind::expert_down) + 1;
@@ -75,6 +97,7 @@ struct TensorInfo {
   int rank;                          ///< 1 or 2
   std::array<std::int64_t, 2> shape; ///< [out, in]; shape[1] unused when rank is 1
   std::int32_t expert = -1;
+  DType dtype = DType::bf16;         ///< of its param slot: the config's, or float32 where sharding.md says so
   std::int64_t elements() const { return rank == 1 ? shape[0] : shape[0] * shape[1]; }
 };
 

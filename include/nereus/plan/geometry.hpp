@@ -23,18 +23,31 @@ struct Position {
   int r;
 };
 
-/// Bytes one element of a tensor costs across the slots a unit holds (param, plus the
-/// float32 master and Adam moments when training).
-std::uint64_t bytes_per_element(const ModelConfig& m, bool train);
+/// What a unit position holds: the elements of one slot, and the bytes of its `param`
+/// slot, each tensor at its own width (sharding.md: the config's dtype, float32 where the
+/// tensor table says so).
+struct Held {
+  std::int64_t elements = 0;
+  std::int64_t param_bytes = 0;
+  /// Bytes over the slots a unit holds: param, plus the float32 master and Adam moments
+  /// when it trains.
+  std::uint64_t bytes(bool train) const { return static_cast<std::uint64_t>(param_bytes + (train ? 12 * elements : 0)); }
+  Held operator-(const Held& o) const { return {elements - o.elements, param_bytes - o.param_bytes}; }
+  Held& operator+=(const Held& o) {
+    elements += o.elements;
+    param_bytes += o.param_bytes;
+    return *this;
+  }
+};
 
-/// Memoised element counts of one model's unit positions.
+/// Memoised counts of what one model's unit positions hold.
 class UnitGeometry {
  public:
   explicit UnitGeometry(std::shared_ptr<const ModelSpec> model);
 
   const ModelSpec& model() const { return *model_; }
-  /// Elements (of one slot) held at a position.
-  std::int64_t elements(const Position& p) { return elements(code(p)); }
+  /// What a position holds.
+  Held held(const Position& p) { return held(code(p)); }
 
   /// Hot paths name positions by code: an interned layout (same sharding, same id) and
   /// (s, r). Codes of different geometries do not mix.
@@ -43,16 +56,16 @@ class UnitGeometry {
     return (static_cast<std::uint32_t>(layout) << 24) | (static_cast<std::uint32_t>(s) << 12) | static_cast<std::uint32_t>(r);
   }
   std::uint32_t code(const Position& p) { return code(intern(*p.layout), p.s, p.r); }
-  std::int64_t elements(std::uint32_t position);
-  /// Elements of one slot of `target` that at least one of `holders` also holds; at most
-  /// five holders are memoised, more are computed each time.
-  std::int64_t overlap(std::uint32_t target, std::span<const std::uint32_t> holders);
+  Held held(std::uint32_t position);
+  /// What `target` holds that at least one of `holders` also holds; at most five holders
+  /// are memoised, more are computed each time.
+  Held overlap(std::uint32_t target, std::span<const std::uint32_t> holders);
 
  private:
   Position position(std::uint32_t code) const {
     return {&layouts_[code >> 24], static_cast<int>((code >> 12) & 0xfff), static_cast<int>(code & 0xfff)};
   }
-  std::int64_t compute_overlap(const Position& target, std::span<const Position> holders) const;
+  Held compute_overlap(const Position& target, std::span<const Position> holders) const;
 
   struct Key {
     std::array<std::uint32_t, 6> codes{};
@@ -64,10 +77,10 @@ class UnitGeometry {
 
   std::shared_ptr<const ModelSpec> model_;
   std::deque<Layout> layouts_;  // stable addresses
-  std::unordered_map<std::uint32_t, std::int64_t> elements_;
+  std::unordered_map<std::uint32_t, Held> held_;
   std::array<std::vector<TensorId>, 2> layer_rep_;  // tensors of the first dense / sparse layer
   std::vector<TensorId> outside_;  // tensors outside the layers
-  std::unordered_map<Key, std::int64_t, KeyHash> memo_;
+  std::unordered_map<Key, Held, KeyHash> memo_;
 };
 
 }  // namespace nereus
