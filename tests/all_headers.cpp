@@ -34,6 +34,7 @@
 #include "nereus/core/dtype.hpp"
 #include "nereus/core/emu.hpp"
 #include "nereus/core/fill.hpp"
+#include "nereus/core/fp8.hpp"
 #include "nereus/core/global_plan.hpp"
 #include "nereus/core/job.hpp"
 #include "nereus/core/layout.hpp"

@@ -1,0 +1,155 @@
+// The FP8 quantizer (core/fp8.hpp) against a brute force written from sharding.md and the
+// e4m3fn definition alone: the 256 codes' values, the nearest finite code with ties to the
+// even code, saturation at ±448, NaN and inf as sharding.md decides them; and the block
+// quantizer against a direct reading of per_block_cast_to_fp8 (amax over finite elements,
+// floored at 1e-4, / 448; x · (1/scale) in float32).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "nereus/core/fp8.hpp"
+#include "test_util.hpp"
+
+using namespace nereus;
+
+namespace {
+
+/// The value of a non-negative e4m3fn code 0x00..0x7e: exponent field e (bias 7), mantissa m.
+double value_of(int code) {
+  const int e = code >> 3, m = code & 7;
+  return e == 0 ? m * std::ldexp(1.0, -9) : (8 + m) * std::ldexp(1.0, e - 10);
+}
+
+std::uint8_t brute_encode(float x) {
+  const std::uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | 0x7f;
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= 448) return sign | 0x7e;
+  int best = 0;
+  for (int c = 1; c <= 0x7e; ++c) {
+    const double d = std::fabs(value_of(c) - a), db = std::fabs(value_of(best) - a);
+    if (d < db || (d == db && c % 2 == 0)) best = c;
+  }
+  return sign | static_cast<std::uint8_t>(best);
+}
+
+float bf16(std::uint16_t h) {
+  const std::uint32_t b = static_cast<std::uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("fp8: every code decodes to its value; encoding is the nearest code, ties to even, saturating") {
+  for (int q = 0; q < 256; ++q) {
+    const float v = fp8::decode(static_cast<std::uint8_t>(q));
+    if ((q & 0x7f) == 0x7f) {
+      CHECK(std::isnan(v));
+      continue;
+    }
+    CHECK(static_cast<double>(std::fabs(v)) == value_of(q & 0x7f));  // exactly
+    CHECK(std::signbit(v) == static_cast<bool>(q & 0x80));
+    CHECK(fp8::encode(v) == q);  // every finite code round-trips
+  }
+  CHECK(fp8::encode(448) == 0x7e);
+  CHECK(fp8::encode(-1e30f) == 0xfe);
+  CHECK(fp8::encode(std::numeric_limits<float>::infinity()) == 0x7e);
+  CHECK(fp8::encode(-std::numeric_limits<float>::infinity()) == 0xfe);
+  CHECK(fp8::encode(std::nanf("")) == 0x7f);
+  CHECK(fp8::encode(-std::nanf("")) == 0xff);
+  CHECK(fp8::encode(-0.0f) == 0x80);
+  // Every bf16 value, and a million random float32 bit patterns, against the brute force.
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const float x = bf16(static_cast<std::uint16_t>(h));
+    CAPTURE(h);
+    REQUIRE(fp8::encode(x) == brute_encode(x));
+  }
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  std::uniform_real_distribution<float> small(-500.0f, 500.0f);
+  for (int i = 0; i < testing::cases(1000000, 200000); ++i) {
+    std::uint32_t b = bits(rng);
+    float x;
+    std::memcpy(&x, &b, 4);
+    if (i % 2) x = small(rng) * std::ldexp(1.0f, -static_cast<int>(b % 16));  // the range that matters
+    CAPTURE(x);
+    REQUIRE(fp8::encode(x) == brute_encode(x));
+  }
+}
+
+TEST_CASE("fp8: half-precision sources load exactly") {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const std::uint16_t v = static_cast<std::uint16_t>(h);
+    std::byte p[2];
+    std::memcpy(p, &v, 2);
+    const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    const double mag = e == 0x1f ? (m ? std::nan("") : INFINITY) : e == 0 ? m * std::ldexp(1.0, -24) : (1024 + m) * std::ldexp(1.0, e - 25);
+    const double want = (h & 0x8000) ? -mag : mag;
+    const float got = fp8::load(fp8::Source::f16, p);
+    if (std::isnan(want)) CHECK(std::isnan(got));
+    else CHECK(static_cast<double>(got) == want);
+  }
+}
+
+TEST_CASE("fp8: blocks quantize as per_block_cast_to_fp8, edges cut, NaN and inf outside amax") {
+  std::mt19937 rng(11);
+  for (int round = 0; round < testing::cases(60, 20); ++round) {
+    const std::int64_t rows = std::uniform_int_distribution<std::int64_t>(1, 200)(rng);
+    const std::int64_t cols = std::uniform_int_distribution<std::int64_t>(1, 200)(rng);
+    const std::int64_t bo = round % 3 == 0 ? 128 : std::uniform_int_distribution<std::int64_t>(1, 64)(rng);
+    const std::int64_t bi = round % 3 == 0 ? 128 : std::uniform_int_distribution<std::int64_t>(1, 64)(rng);
+    const std::int64_t stride = cols + std::uniform_int_distribution<std::int64_t>(0, 5)(rng);
+    const fp8::Source type = round % 4 == 3 ? fp8::Source::f32 : fp8::Source::bf16;
+    const std::int64_t w = type == fp8::Source::f32 ? 4 : 2;
+    std::vector<std::byte> src(static_cast<std::size_t>(rows * stride * w));
+    std::vector<float> value(static_cast<std::size_t>(rows * stride));
+    const float magnitude = std::ldexp(1.0f, std::uniform_int_distribution<int>(-20, 12)(rng));
+    std::normal_distribution<float> normal(0, magnitude);
+    for (std::size_t k = 0; k < value.size(); ++k) {
+      float x = normal(rng);
+      const int u = std::uniform_int_distribution<int>(0, 999)(rng);
+      if (u == 0) x = std::nanf("");
+      else if (u == 1) x = -INFINITY;
+      else if (u == 2) x = INFINITY;
+      else if (u < 8) x = 0;
+      if (type == fp8::Source::bf16) {
+        std::uint32_t b;
+        std::memcpy(&b, &x, 4);
+        const std::uint16_t h = static_cast<std::uint16_t>(b >> 16);  // truncated: any bf16 will do
+        std::memcpy(&src[k * 2], &h, 2);
+        value[k] = bf16(h);
+      } else {
+        std::memcpy(&src[k * 4], &x, 4);
+        value[k] = x;
+      }
+    }
+    const std::int64_t sr = (rows + bo - 1) / bo, sc = (cols + bi - 1) / bi;
+    std::vector<std::uint8_t> out(static_cast<std::size_t>(rows * cols));
+    std::vector<float> scales(static_cast<std::size_t>(sr * sc));
+    fp8::quantize({src.data(), type, rows, cols, stride}, bo, bi, out.data(), cols, scales.data(), sc);
+    for (std::int64_t bi0 = 0; bi0 < sr; ++bi0)
+      for (std::int64_t bj0 = 0; bj0 < sc; ++bj0) {
+        float amax = 0;
+        for (std::int64_t i = bi0 * bo; i < std::min(rows, (bi0 + 1) * bo); ++i)
+          for (std::int64_t j = bj0 * bi; j < std::min(cols, (bj0 + 1) * bi); ++j) {
+            const float x = value[static_cast<std::size_t>(i * stride + j)];
+            if (std::isfinite(x) && std::fabs(x) > amax) amax = std::fabs(x);
+          }
+        const float s = (amax > 1e-4f ? amax : 1e-4f) / 448.0f;
+        const float r = 1.0f / s;
+        CAPTURE(round);
+        REQUIRE(std::memcmp(&scales[static_cast<std::size_t>(bi0 * sc + bj0)], &s, 4) == 0);
+        for (std::int64_t i = bi0 * bo; i < std::min(rows, (bi0 + 1) * bo); ++i)
+          for (std::int64_t j = bj0 * bi; j < std::min(cols, (bj0 + 1) * bi); ++j) {
+            const float x = value[static_cast<std::size_t>(i * stride + j)];
+            REQUIRE(out[static_cast<std::size_t>(i * cols + j)] == brute_encode(std::isnan(x) ? x : x * r));
+          }
+      }
+  }
+}
