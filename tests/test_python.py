@@ -155,6 +155,36 @@ class MixtureOfExperts(unittest.TestCase):
             self.assertEqual(mismatches(job, "actor/train", full), [])
 
 
+class DeepSeekStyle(unittest.TestCase):
+    """A GRPO job on tiny-deepseek-v3 (MLA, shared experts): the router's float32 bias is a
+    float32 view among bf16 ones, and MLA units move bit for bit through TP and EP changes."""
+    PLAN = {"actor/generate": "tp=4,pp=1,dp=1,devices=0-3",
+            "actor/infer": "tp=2,pp=1,dp=1,devices=0-1",
+            "reference/infer": "tp=2,pp=1,dp=1,devices=2-3",
+            "actor/train": "tp=4,pp=1,dp=1,devices=4-7"}
+
+    def test_mla_units(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "grpo-ds.json")
+            with open(path, "w") as f:
+                json.dump({"algorithm": "grpo", "prompts_per_step": 4, "samples_per_prompt": 2, "prompt_len": 16,
+                           "max_response_len": 32,
+                           "models": {"actor": "tiny-deepseek-v3", "reference": "tiny-deepseek-v3", "reward": "rule"}}, f)
+            job = nereus.Job(path, self.PLAN, devices=8, capacity="64MiB")
+        params = {s.tensor: s.data.dtype for s in job.units("actor/train")[0].shards()}
+        self.assertEqual(params["model.layers.1.mlp.gate.e_score_correction_bias"], torch.float32)
+        self.assertEqual(params["model.layers.1.self_attn.kv_b_proj.weight"], torch.bfloat16)
+        self.assertIn("model.layers.2.mlp.shared_experts.down_proj.weight", params)
+        full = full_tensors(job, "actor/train", seed=5)
+        write_all(job, "actor/train", full)
+        for target in ("tp=1,pp=2,ep=2,etp=1,dp=1,devices=4-7", "tp=2,pp=1,dp=2,devices=4-7"):
+            p = dict(self.PLAN)
+            p["actor/train"] = target
+            report = job.transition(p)
+            self.assertTrue(report["completed"], report)
+            self.assertEqual(mismatches(job, "actor/train", full), [])
+
+
 class FrameworkMemory(unittest.TestCase):
     def test_adopted_tensors_are_the_units(self):
         probe = new_job()
