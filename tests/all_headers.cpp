@@ -35,6 +35,7 @@
 #include "nereus/core/emu.hpp"
 #include "nereus/core/fill.hpp"
 #include "nereus/core/fp8.hpp"
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/global_plan.hpp"
 #include "nereus/core/job.hpp"
 #include "nereus/core/layout.hpp"

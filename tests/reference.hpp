@@ -239,6 +239,34 @@ inline std::map<std::string, Buffer> buffers(const nereus::ModelConfig& c, const
   return out;
 }
 
+/// sharding.md, FP8: a `dtype=fp8` unit quantizes each 2-D `*_proj.weight` inside a decoder
+/// layer (q_a_proj and kv_a_proj_with_mqa included; never the router `mlp.gate.weight`).
+inline bool quantized(const Tensor& t) {
+  const std::string& n = t.name;
+  const std::string w = ".weight";
+  return t.layer >= 0 && t.shape.size() == 2 && n.find("_proj") != std::string::npos &&
+         n.size() > w.size() && n.compare(n.size() - w.size(), w.size(), w) == 0;
+}
+
+/// FP8 block (i, j) of a weight covers rows [i·bo, (i+1)·bo) and columns [j·bi, (j+1)·bi),
+/// cut at the edges: the blocks a box touches, per dimension [first, last + 1).
+inline Box block_span(const nereus::ModelConfig& c, const Box& b) {
+  Box out;
+  for (std::size_t d = 0; d < b.size(); ++d) {
+    const std::int64_t n = c.fp8_block[d];
+    out.push_back({b[d].first / n, (b[d].second + n - 1) / n});
+  }
+  return out;
+}
+
+/// Whether every boundary of a shard box falls on a block boundary or the tensor's end.
+inline bool block_aligned(const nereus::ModelConfig& c, const Tensor& t, const Box& b) {
+  for (std::size_t d = 0; d < b.size(); ++d)
+    for (std::int64_t x : {b[d].first, b[d].second})
+      if (x % c.fp8_block[d] != 0 && x != t.shape[d]) return false;
+  return true;
+}
+
 /// Global row-major index of element (i, j) / (i) of a tensor.
 inline std::uint64_t global_index(const Tensor& t, std::int64_t i, std::int64_t j) {
   return t.shape.size() == 1 ? static_cast<std::uint64_t>(i) : static_cast<std::uint64_t>(i * t.shape[1] + j);

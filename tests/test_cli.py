@@ -97,6 +97,30 @@ with tempfile.TemporaryDirectory() as d:
         expect_error(["plan", "--model", cfg(name, text), "--from", "tp=1,pp=1,dp=1", "--to", "tp=2,pp=1,dp=1"], needle)
     expect_error(["plan", "--model", "tiny-deepseek-v3", "--from", "tp=3,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"],
                  "does not divide num_attention_heads=4")
+    # FP8 targets count a byte per quantized element and four per block (the property
+    # tests check the figures against a brute force); the embedding, norms and head stay bf16.
+    bf16 = plan_json("--model", "tiny-deepseek-v3", "--sync", "--from", "tp=1,pp=1,dp=1", "--to", "tp=2,pp=1,dp=1,devices=1-2")
+    fp8 = plan_json("--model", "tiny-deepseek-v3", "--sync", "--from", "tp=1,pp=1,dp=1", "--to", "tp=2,pp=1,dp=1,devices=1-2,dtype=fp8",
+                    "--transfers")
+    check(fp8["moved_bytes"] == fp8["lower_bound_bytes"] == fp8["target_bytes"] < bf16["moved_bytes"], "FP8 sync moves fewer bytes, at the bound")
+    q = [t for t in fp8["transfers"] if t["fp8"] == "quantize"]
+    check(q and all("_proj" in t["tensor"] for t in q) and sum(t["bytes"] for t in q) == fp8["quantized_bytes"],
+          "quantized transfers are the projections, and their bytes are quantized_bytes")
+    kv_b = next(t for t in q if t["tensor"] == "model.layers.0.self_attn.kv_b_proj.weight")
+    rows, cols = kv_b["box"][0][1] - kv_b["box"][0][0], kv_b["box"][1][1] - kv_b["box"][1][0]
+    check(kv_b["bytes"] == rows * cols + 4 * (rows // 16) * (cols // 16), "an FP8 box: a byte an element, four a 16x16 block")
+    # FP8 (dtype=fp8): only for generation and inference units, never a split inside a block.
+    for flags, src, dst, needle in [
+            (["--sync"], "tp=1,pp=1,dp=1,dtype=fp8", "tp=2,pp=1,dp=1", "dtype=fp8 on a training collection"),
+            ([], "tp=1,pp=1,dp=1", "tp=4,pp=1,dp=1,dtype=fp8",
+             "shared_experts.gate_proj.weight is split at row 8, inside an FP8 block of 16 rows"),
+            ([], "tp=4,pp=1,dp=1", "tp=2,pp=1,dp=1,dtype=fp8", "(source 'source' of an FP8 target)"),
+            ([], "tp=2,pp=1,dp=1,dtype=fp8", "tp=2,pp=1,dp=1", "dequantizing FP8 units is not supported"),
+            ([], "tp=1,pp=1,dp=1", "tp=2,pp=1,dp=1,dtype=fp16", "dtype=fp16 is not fp8")]:
+        expect_error(["plan", "--model", "tiny-deepseek-v3", *flags, "--from", src, "--to", dst], needle)
+    # Planned, not moved yet: the executor refuses before any byte moves.
+    expect_error(["bench", "transition", "--model", "tiny-deepseek-v3", "--sync", "--from", "tp=1,pp=1,dp=1",
+                  "--to", "tp=2,pp=1,dp=1,devices=1-2,dtype=fp8"], "moving FP8 units is not built yet")
     st = os.path.join(d, "bad.safetensors")
     header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [1003, 128], "data_offsets": [0, 256768]}}).encode()
     with open(st, "wb") as f:
@@ -154,6 +178,9 @@ with tempfile.TemporaryDirectory() as d:
                  "model-stage 'actor/infer' has no layout")
     expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"critic/generate": "tp=1"}))],
                  "'critic/generate' is not a model-stage")
+    gen = PLAN_A["actor/generate"]
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"actor/generate": gen + ",dtype=fp8"}))],
+                 "dtype=fp8 in a job's plan is not supported yet")
     expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"actor/train": "tp=4,pp=1,dp=3"}))],
                  "dp 3 does not divide the global batch")
     expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"actor/train": "tp=x"}))],

@@ -5,11 +5,13 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "cases.hpp"
 #include "test_util.hpp"
 #include "nereus/core/packing.hpp"
+#include "nereus/plan/geometry.hpp"
 #include "nereus/plan/placement.hpp"
 #include "nereus/plan/reshard.hpp"
 
@@ -37,6 +39,13 @@ void each_position(const nereus::Emu& u, F&& f) {
 std::uint32_t slot_width(const nereus::ModelConfig& c, const ref::Tensor& t, Slot s) {
   if (s != Slot::param || t.f32) return 4;
   return nereus::width(c.dtype);
+}
+
+/// Destination bytes of a box: its elements at the slot's width, or in an FP8 unit, for a
+/// quantized weight, one byte per element and four per block it touches.
+std::uint64_t box_bytes(const nereus::ModelConfig& c, const ref::Tensor& t, Slot s, const ref::Box& b, bool fp8) {
+  if (fp8 && ref::quantized(t)) return static_cast<std::uint64_t>(ref::volume(b) + 4 * ref::volume(ref::block_span(c, b)));
+  return static_cast<std::uint64_t>(ref::volume(b)) * slot_width(c, t, s);
 }
 
 bool collection_has_slot(const Collection& c, Slot s) {
@@ -147,6 +156,18 @@ void check_case(const testcase::Case& k) {
   std::map<std::string, std::size_t> ref_index;
   for (std::size_t i = 0; i < ts.size(); ++i) ref_index[ts[i].name] = i;
 
+  // FP8 destinations (sharding.md): the devices of `dtype=fp8` target units, and of
+  // `dtype=fp8` source units (their transfers copy bytes and scales as they are).
+  std::set<nereus::DeviceId> fp8_dst;
+  std::set<std::pair<std::size_t, nereus::DeviceId>> fp8_src;  // (source collection, device)
+  for (const auto& u : k.target.units)
+    if (u.layout.fp8) fp8_dst.insert(u.gpus.begin(), u.gpus.end());
+  for (std::size_t i = 0; i < k.sources.size(); ++i)
+    for (const auto& u : k.sources[i].units)
+      if (u.layout.fp8)
+        for (nereus::DeviceId d : u.gpus) fp8_src.insert({i, d});
+  auto fp8_on = [&](nereus::DeviceId d) { return fp8_dst.count(d) > 0; };
+
   nereus::ReshardOptions opt;
   opt.links.gpus_per_node = k.gpus_per_node;
   const auto plan = nereus::plan_reshard(k.sources, k.target, opt);
@@ -165,7 +186,7 @@ void check_case(const testcase::Case& k) {
           if (auto b = ref::shard(c, ts[ti], to_ref(u.layout), s, r))
             for (Slot slot : k.target.slots()) {
               dest[{dev, ti, slot}] = {*b, std::vector<unsigned char>(static_cast<std::size_t>(ref::volume(*b)), 0)};
-              target_bytes += static_cast<std::uint64_t>(ref::volume(*b)) * slot_width(c, ts[ti], slot);
+              target_bytes += box_bytes(c, ts[ti], slot, *b, fp8_on(dev));
             }
     });
 
@@ -191,7 +212,9 @@ void check_case(const testcase::Case& k) {
       const std::int64_t idx = (i - db[0].first) * width1 + (db.size() > 1 ? j - db[1].first : 0);
       ++it->second.count[static_cast<std::size_t>(idx)];
     });
-    CHECK(t.bytes == static_cast<std::uint64_t>(t.box.elements()) * slot_width(c, ts[ti], t.slot));
+    CHECK(t.bytes == box_bytes(c, ts[ti], t.slot, as_ref(t.box), fp8_on(t.dst)));
+    const bool quantized = fp8_on(t.dst) && ref::quantized(ts[ti]);
+    CHECK(t.fp8 == (!quantized ? nereus::Fp8Move::none : fp8_src.count({t.source, t.src}) ? nereus::Fp8Move::copy : nereus::Fp8Move::quantize));
     if (t.local()) {
       local += t.bytes;
       if (t.keep) kept += t.bytes;
@@ -232,7 +255,22 @@ void check_case(const testcase::Case& k) {
         if (in) held[static_cast<std::size_t>((i - d.box[0].first) * width1 + (d.box.size() > 1 ? j - d.box[1].first : 0))] = 1;
       });
     }
-    lower += static_cast<std::uint64_t>(std::count(held.begin(), held.end(), 0)) * slot_width(c, ts[ti], slot);
+    if (!(fp8_on(dev) && ref::quantized(ts[ti]))) {
+      lower += static_cast<std::uint64_t>(std::count(held.begin(), held.end(), 0)) * slot_width(c, ts[ti], slot);
+      continue;
+    }
+    // An FP8 block is local when the device holds all of its elements (in either format);
+    // otherwise its bytes (one per element) and its 4-byte scale cross a link.
+    const ref::Box blocks = ref::block_span(c, d.box);
+    for_each_element(blocks, [&](std::int64_t bi, std::int64_t bj) {
+      const ref::Box block{{std::max(bi * c.fp8_block[0], d.box[0].first), std::min((bi + 1) * c.fp8_block[0], d.box[0].second)},
+                           {std::max(bj * c.fp8_block[1], d.box[1].first), std::min((bj + 1) * c.fp8_block[1], d.box[1].second)}};
+      bool all = true;
+      for_each_element(block, [&](std::int64_t i, std::int64_t j) {
+        all = all && held[static_cast<std::size_t>((i - d.box[0].first) * width1 + j - d.box[1].first)];
+      });
+      if (!all) lower += static_cast<std::uint64_t>(ref::volume(block)) + 4;
+    });
   }
 
   const auto& sum = plan.summary();
@@ -252,6 +290,7 @@ void check_case(const testcase::Case& k) {
   auto dst_bufs = make_buffers(c, ts, k.target, false);
   const auto expect = make_buffers(c, ts, Collection{k.target.model, "expect", k.target.train, k.target.units}, true);
   for (const Transfer& t : transfers) {
+    if (t.fp8 != nereus::Fp8Move::none) continue;  // FP8 bytes: the planner's counts only, checked above
     const auto& sb = src_bufs[t.source].find({t.src, nereus::buffer_name(m, t.src_view.buffer, t.src_view.packing), t.slot});
     auto db = dst_bufs.find({t.dst, nereus::buffer_name(m, t.dst_view.buffer, t.dst_view.packing), t.slot});
     REQUIRE(sb != src_bufs[t.source].end());
@@ -265,6 +304,7 @@ void check_case(const testcase::Case& k) {
     const auto& key = entry.first;  // not structured bindings: CHECK_MESSAGE uses them in a lambda
     const auto& b = entry.second;
     const auto& want = expect.at(key);
+    if (fp8_on(std::get<0>(key)) && ref::quantized(ts[b.layout.parts.front().first])) continue;
     CHECK_MESSAGE(b.data == want.data, "wrong bytes in ", std::get<1>(key), " on device ", std::get<0>(key));
   }
 
@@ -342,4 +382,93 @@ TEST_CASE("random MoE transitions (ep, etp, uneven experts and Ie): coverage, lo
 
 TEST_CASE("random MoE transitions with optimised placement keep every property and never move more") {
   check_with_placement(0x30f, kMoeModels, 40);
+}
+
+namespace {
+
+/// The case on a copy of its model whose FP8 block grid is [bo, bi].
+testcase::Case with_blocks(testcase::Case k, std::int64_t bo, std::int64_t bi) {
+  nereus::ModelConfig cfg = k.model->config();
+  cfg.fp8_block = {bo, bi};
+  auto m = std::make_shared<const nereus::ModelSpec>(k.model->name(), cfg);
+  k.model = m;
+  for (auto& s : k.sources) s.model = m;
+  k.target.model = m;
+  return k;
+}
+
+/// Whether a split of a quantized weight in `coll` cuts an FP8 block (the reference's reading).
+bool cuts_a_block(const nereus::ModelConfig& c, const std::vector<ref::Tensor>& ts, const Collection& coll) {
+  bool cut = false;
+  for (const auto& u : coll.units)
+    each_position(u, [&](int s, int g, nereus::DeviceId) {
+      for (const ref::Tensor& t : ts)
+        if (ref::quantized(t))
+          if (auto b = ref::shard(c, t, to_ref(u.layout), s, g)) cut = cut || !ref::block_aligned(c, t, *b);
+    });
+  return cut;
+}
+
+}  // namespace
+
+TEST_CASE("random FP8 targets (dtype=fp8, from the config's dtype and from FP8): bytes and lower bound per block, refusals") {
+  testcase::Generator gen(0xf8);
+  std::vector<std::string> models = kModels;
+  models.insert(models.end(), kMoeModels.begin(), kMoeModels.end());
+  const std::int64_t sizes[] = {1, 2, 4, 8, 16};
+  int planned = 0, refused = 0, from_fp8 = 0;
+  for (int i = 0; i < testing::cases(200, 100); ++i) {
+    auto k = with_blocks(gen.next(models), sizes[gen.uniform(0, 4)], sizes[gen.uniform(0, 4)]);
+    k.target.train = false;
+    for (auto& u : k.target.units) u.layout.fp8 = true;
+    bool any_fp8_source = false;
+    for (auto& src : k.sources)
+      if (!src.train && gen.coin(0.4)) {
+        for (auto& u : src.units) u.layout.fp8 = true;
+        any_fp8_source = true;
+      }
+    CAPTURE(i);
+    INFO(k.describe());
+    const nereus::ModelConfig& c = k.model->config();
+    const auto ts = ref::tensors(c);
+    bool cut = cuts_a_block(c, ts, k.target);
+    for (const Collection& src : k.sources) cut = cut || cuts_a_block(c, ts, src);
+    if (cut) {
+      const std::string e = testing::error_of([&] { (void)nereus::plan_reshard(k.sources, k.target); });
+      CHECK_MESSAGE(testing::has(e, "inside an FP8 block"), e);
+      ++refused;
+      continue;
+    }
+    check_case(k);
+    ++planned;
+    from_fp8 += any_fp8_source;
+    // What the transition graph and the cost model count a position as holding agrees
+    // with the planner's destination bytes.
+    nereus::UnitGeometry geometry(k.model);
+    std::uint64_t held = 0;
+    for (const auto& u : k.target.units)
+      for (int s = 0; s < u.layout.pp; ++s)
+        for (int r = 0; r < u.layout.stage_size(); ++r) held += geometry.held(nereus::Position{&u.layout, s, r}).bytes(false);
+    CHECK(held == nereus::plan_reshard(k.sources, k.target).summary().target_bytes);
+  }
+  // The generator reaches both sides of the rule, and FP8 → FP8 moves.
+  CHECK(planned > testing::cases(40, 20));
+  CHECK(refused > testing::cases(20, 10));
+  CHECK(from_fp8 > testing::cases(10, 5));
+}
+
+TEST_CASE("FP8 refusals: a training collection, FP8 into the config's dtype") {
+  auto m = testcase::model("tiny-qwen3");
+  auto spec = nereus::parse_collection_spec("tp=1,pp=1,dp=1,dtype=fp8");
+  CHECK(testing::has(testing::error_of([&] { (void)Collection::from_spec(m, "actor/train", spec, true); }),
+                     "dtype=fp8 on a training collection"));
+  const Collection fp8 = Collection::from_spec(m, "actor/generate", spec, false);
+  const Collection plain = Collection::from_spec(m, "actor/infer", nereus::parse_collection_spec("tp=2,pp=1,dp=1,devices=4-5"), false);
+  CHECK(testing::has(testing::error_of([&] { (void)nereus::plan_reshard(fp8, plain); }), "dequantizing FP8 units is not supported"));
+  // tiny-qwen3's gate_proj has 96 rows: tp=2 cuts at 48, inside a 128-row block.
+  const std::string e = testing::error_of(
+      [&] { (void)Collection::from_spec(m, "actor/generate", nereus::parse_collection_spec("tp=2,pp=1,dp=1,dtype=fp8"), false); });
+  CHECK_MESSAGE(testing::has(e, "inside an FP8 block of 128 rows"), e);
+  CHECK_MESSAGE(testing::has(e, "weight_block_size [128, 128]"), e);
+  CHECK(testing::has(testing::error_of([] { (void)nereus::parse_collection_spec("tp=1,pp=1,dp=1,dtype=bf16"); }), "dtype=bf16 is not fp8"));
 }

@@ -27,6 +27,7 @@ nlohmann::json transfer_json(const ModelSpec& m, const Transfer& t) {
       {"bytes", t.bytes},
       {"local", t.local()},
       {"keep", t.keep},
+      {"fp8", t.fp8 == Fp8Move::none ? "none" : t.fp8 == Fp8Move::quantize ? "quantize" : "copy"},
       {"source", t.source},
       {"src_buffer", buffer_name(m, t.src_view.buffer, t.src_view.packing)},
       {"src_offset", t.src_view.view.offset},

@@ -108,6 +108,7 @@ void run_plan(const PlanArgs& a) {
         {"max_device_recv_bytes", s.max_device_recv_bytes},
         {"transfer_count", s.transfer_count},
         {"local_copy_count", s.local_copy_count},
+        {"quantized_bytes", s.quantized_bytes},
         {"plan_ms", plan_ms},
         {"estimated_seconds", s.estimated_seconds},
         {"target_devices", target_devices},
@@ -138,6 +139,8 @@ void run_plan(const PlanArgs& a) {
   std::cout << fmt::format("per device   max send {}, max receive {}\n", human_bytes(s.max_device_send_bytes),
                            human_bytes(s.max_device_recv_bytes));
   std::cout << fmt::format("transfers    {} over links, {} local copies\n", s.transfer_count, s.local_copy_count);
+  if (s.quantized_bytes)
+    std::cout << fmt::format("fp8          {} of FP8 weights and scales quantized where read\n", human_bytes(s.quantized_bytes));
   std::cout << fmt::format("estimated    {:.3f} s   planned in {:.2f} ms\n", s.estimated_seconds, plan_ms);
   if (a.transfers) {
     std::cout << fmt::format("\n{:>5} {:>5}  {:<10} {:>12}  {:<24} {}\n", "src", "dst", "slot", "bytes", "box", "tensor");
@@ -157,7 +160,7 @@ void add_plan_command(CLI::App& app) {
       "What a transition moves (no bytes move): one model-stage (--model --from --to), or a whole job's plan change "
       "as a transition graph (--job --from-plan --to-plan)");
   cmd->add_option("--model", args->model, "config.json path or preset name");
-  cmd->add_option("--from", args->from, "source layout spec tp=T,pp=P[,ep=X[,etp=K]],dp=D[,devices=..][,partition=..][,packing=..]");
+  cmd->add_option("--from", args->from, "source layout spec tp=T,pp=P[,ep=X[,etp=K]],dp=D[,devices=..][,partition=..][,packing=..][,dtype=fp8]");
   cmd->add_option("--to", args->to, "target layout spec");
   cmd->add_flag("--train", args->train, "every unit carries the training slots (master, exp_avg, exp_avg_sq)");
   cmd->add_flag("--sync", args->sync, "weight sync: training source, generation target (param only)");

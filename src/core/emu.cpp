@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include "nereus/base/error.hpp"
+#include "nereus/core/fp8_layout.hpp"
 
 namespace nereus {
 
@@ -48,6 +49,12 @@ void Collection::validate(std::int64_t device_count) const {
   for (std::size_t j = 0; j < units.size(); ++j) {
     const Emu& u = units[j];
     validate_layout(model->config(), u.layout);
+    if (u.layout.fp8) {
+      if (train)
+        throw Error("model-stage '" + model_stage + "': dtype=fp8 on a training collection (FP8 units are for generation "
+                    "and inference; training keeps the config's dtype and float32 optimizer state)");
+      if (j == 0 || !(u.layout == units[j - 1].layout)) check_fp8_blocks(*model, u.layout, "model-stage '" + model_stage + "'");
+    }
     if (static_cast<int>(u.gpus.size()) != u.layout.size())
       throw Error("model-stage '" + model_stage + "' unit " + std::to_string(j) + " has " +
                   std::to_string(u.gpus.size()) + " GPUs but " + (u.layout.ep == 1 ? "tp·pp" : "tp·pp·ep") + " = " +

@@ -163,8 +163,13 @@ CollectionSpec parse_collection_spec(std::string_view spec) {
       if (value == "hf") out.layout.packing = Packing::hf;
       else if (value == "fused") out.layout.packing = Packing::fused;
       else throw Error("layout spec: packing=" + std::string(value) + " is not hf or fused");
+    } else if (key == "dtype") {
+      if (value != "fp8")
+        throw Error("layout spec: dtype=" + std::string(value) +
+                    " is not fp8 (the only dtype a layout may choose; without it a unit holds the config's)");
+      out.layout.fp8 = true;
     } else {
-      throw Error("layout spec: unknown key '" + key + "' (known: tp, pp, ep, etp, dp, devices, partition, packing)");
+      throw Error("layout spec: unknown key '" + key + "' (known: tp, pp, ep, etp, dp, devices, partition, packing, dtype)");
     }
   }
   if (!out.layout.partition.empty() && static_cast<int>(out.layout.partition.size()) != out.layout.pp)
@@ -217,6 +222,7 @@ std::string to_string(const Layout& l) {
       s += (i ? "/" : "") + std::to_string(l.partition[i]);
   }
   if (l.packing != Packing::hf) s += ",packing=" + std::string(to_string(l.packing));
+  if (l.fp8) s += ",dtype=fp8";
   return s;
 }
 

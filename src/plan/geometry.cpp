@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/sharding.hpp"
 
 namespace nereus {
@@ -92,7 +93,12 @@ Held UnitGeometry::compute_overlap(const Position& target, std::span<const Posit
     have.clear();
     for (const Position& h : holders)
       if (holds(h)) have.push_back(stage_range(m, t, *h.layout, h.r));
-    const std::int64_t e = covered(want, have) * slab_width(t);
+    const std::int64_t n = covered(want, have);
+    const std::int64_t e = n * slab_width(t);
+    // An FP8 unit holds a quantized weight at one byte an element plus a float32 scale a
+    // block; the blocks are counted as if the covered part were one run from want.lo,
+    // exact for what a position holds and for block-aligned holders (sharding.md).
+    if (target.layout->fp8 && quantizable(t)) return Held{e, e + 4 * fp8_block_count(m, t, {want.lo, want.lo + n})};
     return Held{e, e * static_cast<std::int64_t>(width(t.dtype))};
   };
   Held n;

@@ -68,7 +68,7 @@ Collection optimize_placement(std::span<const Collection> sources, const Collect
   std::vector<std::vector<std::int64_t>> W(src_keys.size(), std::vector<std::int64_t>(dst_keys.size(), 0));
   for (const Template& t : ix.templates)
     for (const SlotGroup& g : ix.groups) {
-      const std::int64_t per_elem = static_cast<std::int64_t>(g.bytes_per_element(t.dtype) * t.tensors.size()) * t.slab_width;
+      const std::int64_t tensors = static_cast<std::int64_t>(t.tensors.size()) * t.slab_width;
       for (std::size_t a = 0; a < src_keys.size(); ++a) {
         const auto [c, lay, s, r] = src_keys[a];
         if (!g.eligible[c] || !t.stages[lay].has(s)) continue;
@@ -77,6 +77,7 @@ Collection optimize_placement(std::span<const Collection> sources, const Collect
         for (std::size_t b = 0; b < dst_keys.size(); ++b) {
           const auto [dlay, ds, dr] = dst_keys[b];
           if (!t.stages[dlay].has(ds)) continue;
+          const auto per_elem = static_cast<std::int64_t>(g.bytes_per_element(t, ix.layouts[dlay].fp8)) * tensors;
           W[a][b] += have.intersect(ix.ranges(dlay, t.cls)[dr]).size() * per_elem;
         }
       }

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "nereus/base/error.hpp"
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/packing.hpp"
 #include "nereus/core/sharding.hpp"
 #include "piece.hpp"
@@ -34,6 +35,7 @@ namespace {
 /// Per-device counters while planning.
 struct Load {
   std::uint64_t send_intra = 0, send_inter = 0, recv_intra = 0, recv_inter = 0, local = 0;
+  std::uint64_t quantize = 0;  ///< HBM bytes read and written by quantizing for FP8 destinations
   std::uint64_t transfers = 0;
   std::uint64_t send() const { return send_intra + send_inter; }
 };
@@ -62,14 +64,28 @@ class Planner {
     return g.eligible[h.c] && t.stages[h.layout].has(h.s);
   }
 
+  /// Bytes of a range of one template's split axis at one destination: per element over
+  /// the group's slots, or for an FP8-held tensor one per element and four per block.
+  struct RangeBytes {
+    std::uint64_t per_elem;
+    const TensorInfo* fp8 = nullptr;  // the template's first tensor, when held as FP8
+    const ModelConfig* model = nullptr;
+    std::uint64_t tensors = 1;
+    std::uint64_t of(Range r) const {
+      return fp8 ? fp8_slab_bytes(*model, *fp8, r) * tensors : static_cast<std::uint64_t>(r.size()) * per_elem;
+    }
+  };
+
   void plan_template(std::uint32_t ti, std::uint8_t gi) {
     const Template& t = ix_.templates[ti];
     const SlotGroup& g = ix_.groups[gi];
-    const std::uint64_t per_elem = g.bytes_per_element(t.dtype) * t.tensors.size() * static_cast<std::uint64_t>(t.slab_width);
     const std::uint64_t copies = g.slots.size() * t.tensors.size();
     for (std::uint32_t u = 0; u < ix_.target.units.size(); ++u) {
       const Emu& e = ix_.target.units[u];
       const int lay = ix_.target_layout[u];
+      const bool fp8 = e.layout.fp8 && t.quantizable;
+      const RangeBytes bytes{g.bytes_per_element(t, fp8) * t.tensors.size() * static_cast<std::uint64_t>(t.slab_width),
+                             fp8 ? &ix_.model().tensor(t.tensors[0]) : nullptr, &ix_.model().config(), t.tensors.size()};
       const StageSet& ss = t.stages[lay];
       const auto& ranges = ix_.ranges(lay, t.cls);
       for (int si = 0; si < ss.n; ++si)
@@ -77,15 +93,27 @@ class Planner {
           if (ranges[r].empty()) continue;  // an expert outside this position's group
           Piece base{ti, u, static_cast<std::uint16_t>(ss.s[si]), static_cast<std::uint16_t>(r), gi,
                      false, false, 0, e.device(ss.s[si], r), {}};
-          plan_destination(t, g, base, ranges[r], e.layout.packing, per_elem, copies);
+          plan_destination(t, g, base, ranges[r], e.layout.packing, bytes, copies);
         }
     }
   }
 
+  /// When holding h keeps the config's dtype and the destination holds FP8, h's device
+  /// quantizes the range where it reads it: an HBM pass reading the source elements and
+  /// writing the FP8 bytes and scales (counted for the estimate).
+  void count_quantize(const Holding& h, const RangeBytes& bytes, Range r) {
+    if (!bytes.fp8 || ix_.layouts[h.layout].fp8) return;
+    const std::uint64_t fp8 = bytes.of(r);
+    const std::uint64_t read = static_cast<std::uint64_t>(r.size() * slab_width(*bytes.fp8)) * bytes.tensors *
+                               width(bytes.fp8->dtype);
+    load_[h.dev].quantize += read + fp8;
+    sum_.quantized_bytes += fp8;
+  }
+
   void plan_destination(const Template& t, const SlotGroup& g, Piece base, Range want,
-                        Packing dst_packing, std::uint64_t per_elem, std::uint64_t copies) {
+                        Packing dst_packing, const RangeBytes& bytes, std::uint64_t copies) {
     if (want.empty()) return;
-    sum_.target_bytes += want.size() * per_elem;
+    sum_.target_bytes += bytes.of(want);
     locals_.clear();
     for (std::uint32_t hi : ix_.by_device.of(base.dst)) {
       const Holding& h = ix_.holdings[hi];
@@ -99,31 +127,33 @@ class Planner {
     for (const Local& l : locals_) {
       const Range part = l.range.intersect(want);
       if (part.hi <= cur) continue;
-      if (part.lo > cur) plan_gap(t, g, base, {cur, part.lo}, per_elem, copies);
+      if (part.lo > cur) plan_gap(t, g, base, {cur, part.lo}, bytes, copies);
       const Holding& h = ix_.holdings[l.holding];
       Piece p = base;
       p.local = true;
       p.holding = l.holding;
       p.range = {std::max(cur, part.lo), part.hi};
-      p.keep = l.range == want && p.range == want &&
+      // A kept buffer is the source's own: same elements, same element type, no shared buffer.
+      p.keep = l.range == want && p.range == want && ix_.layouts[h.layout].fp8 == (bytes.fp8 != nullptr) &&
                !shares_buffer(ix_.model().config(), t.kind, ix_.sources[h.c].units[h.u].layout.packing) &&
                !shares_buffer(ix_.model().config(), t.kind, dst_packing);
-      const std::uint64_t bytes = p.range.size() * per_elem;
-      sum_.local_bytes += bytes;
-      if (p.keep) sum_.kept_bytes += bytes;
+      const std::uint64_t n = bytes.of(p.range);
+      sum_.local_bytes += n;
+      if (p.keep) sum_.kept_bytes += n;
       else sum_.local_copy_count += copies;
-      load_[base.dst].local += p.keep ? 0 : bytes;
+      load_[base.dst].local += p.keep ? 0 : n;
+      count_quantize(h, bytes, p.range);
       out_.push_back(p);
       cur = part.hi;
     }
-    if (cur < want.hi) plan_gap(t, g, base, {cur, want.hi}, per_elem, copies);
+    if (cur < want.hi) plan_gap(t, g, base, {cur, want.hi}, bytes, copies);
   }
 
   /// Covers a range the destination device lacks: same node first, then the sender
   /// with the least send load so far; each piece as long as its sender's range allows.
   void plan_gap(const Template& t, const SlotGroup& g, const Piece& base, Range gap,
-                std::uint64_t per_elem, std::uint64_t copies) {
-    sum_.lower_bound_bytes += gap.size() * per_elem;
+                const RangeBytes& bytes, std::uint64_t copies) {
+    sum_.lower_bound_bytes += bytes.of(gap);
     const int node = ix_.node_of(base.dst);
     std::int64_t x = gap.lo;
     while (x < gap.hi) {
@@ -150,21 +180,22 @@ class Planner {
       Piece p = base;
       p.holding = best;
       p.range = {x, std::min(best_range.hi, gap.hi)};
-      const std::uint64_t bytes = p.range.size() * per_elem;
+      const std::uint64_t n = bytes.of(p.range);
       const Holding& h = ix_.holdings[best];
       const bool inter = ix_.node_of(h.dev) != node;
-      sum_.moved_bytes += bytes;
+      sum_.moved_bytes += n;
       sum_.transfer_count += copies;
       if (inter) {
-        sum_.inter_node_bytes += bytes;
-        load_[h.dev].send_inter += bytes;
-        load_[base.dst].recv_inter += bytes;
+        sum_.inter_node_bytes += n;
+        load_[h.dev].send_inter += n;
+        load_[base.dst].recv_inter += n;
       } else {
-        load_[h.dev].send_intra += bytes;
-        load_[base.dst].recv_intra += bytes;
+        load_[h.dev].send_intra += n;
+        load_[base.dst].recv_intra += n;
       }
       load_[h.dev].transfers += copies;
       load_[base.dst].transfers += copies;
+      count_quantize(h, bytes, p.range);
       out_.push_back(p);
       x = p.range.hi;
     }
@@ -203,7 +234,8 @@ double estimate_seconds(const LinkModel& m, const std::vector<Load>& load, int g
   for (std::size_t d = 0; d < load.size(); ++d) {
     const Load& l = load[d];
     const double intra = static_cast<double>(std::max(l.send_intra, l.recv_intra)) / (m.intra_node_gbps * 1e9);
-    const double local = 2.0 * static_cast<double>(l.local) / (m.hbm_gbps * 1e9);
+    // A local copy reads and writes each byte; quantizing reads the source and writes FP8.
+    const double local = (2.0 * static_cast<double>(l.local) + static_cast<double>(l.quantize)) / (m.hbm_gbps * 1e9);
     worst = std::max({worst, intra, local});
     most_transfers = std::max(most_transfers, l.transfers);
     node_inter[d / gpus_per_node].first += l.send_inter;
@@ -214,6 +246,25 @@ double estimate_seconds(const LinkModel& m, const std::vector<Load>& load, int g
   return worst + m.setup_seconds * static_cast<double>(most_transfers);
 }
 
+/// sharding.md's FP8 rules for a transition: no FP8 source into a unit of the config's
+/// dtype (dequantizing is not built), and when the target holds FP8 no split of a
+/// quantized weight on the source side may cut a block either (the target's own were
+/// checked when its collection was built).
+void check_fp8_sides(const ReshardIndex& ix) {
+  bool target_fp8 = false, target_plain = false;
+  for (const Emu& u : ix.target.units) (u.layout.fp8 ? target_fp8 : target_plain) = true;
+  for (const Collection& c : ix.sources)
+    for (std::size_t u = 0; u < c.units.size(); ++u) {
+      const Layout& l = c.units[u].layout;
+      if (l.fp8 && target_plain)
+        throw Error("source model-stage '" + c.model_stage + "' holds FP8 (dtype=fp8) but target '" + ix.target.model_stage +
+                    "' holds " + std::string(to_string(ix.model().config().dtype)) +
+                    ": dequantizing FP8 units is not supported");
+      if (target_fp8 && !l.fp8 && (u == 0 || !(l == c.units[u - 1].layout)))
+        check_fp8_blocks(ix.model(), l, "source '" + c.model_stage + "' of an FP8 target");
+    }
+}
+
 }  // namespace
 
 ReshardPlan plan_reshard(std::span<const Collection> sources, const Collection& target,
@@ -221,6 +272,11 @@ ReshardPlan plan_reshard(std::span<const Collection> sources, const Collection& 
   const auto t0 = std::chrono::steady_clock::now();
   ReshardPlan plan;
   auto index = std::make_unique<ReshardIndex>(sources, target, options.links.gpus_per_node);
+  check_fp8_sides(*index);
+  // About a piece per template and target unit or more (a routed expert lives in one
+  // group of each unit): reserving spares the growth copies, a fifth of a cold plan of
+  // Kimi-K2's 178k pieces.
+  plan.pieces_.reserve(index->templates.size() * target.units.size() + 1024);
   Planner planner(*index, plan.pieces_);
   planner.run(plan.summary_);
   const auto& load = planner.load();
@@ -267,7 +323,12 @@ std::vector<Transfer> ReshardPlan::materialise(Keep&& keep) const {
         x.box = box;
         x.src_view = {sp.buffer, src_layout.packing, local_view(box, sp.shard, sp.base)};
         x.dst_view = {dp.buffer, dst_layout.packing, local_view(box, dp.shard, dp.base)};
-        x.bytes = static_cast<std::uint64_t>(box.elements()) * width(slot_dtype(s, info.dtype));
+        if (dst_layout.fp8 && t.quantizable) {
+          x.fp8 = src_layout.fp8 ? Fp8Move::copy : Fp8Move::quantize;
+          x.bytes = static_cast<std::uint64_t>(box.elements() + 4 * fp8_scale_box(m.config(), box).elements());
+        } else {
+          x.bytes = static_cast<std::uint64_t>(box.elements()) * width(slot_dtype(s, info.dtype));
+        }
         x.keep = p.keep;
         out.push_back(x);
       }

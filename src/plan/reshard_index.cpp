@@ -4,6 +4,7 @@
 #include <map>
 
 #include "nereus/base/error.hpp"
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/sharding.hpp"
 
 namespace nereus {
@@ -87,7 +88,7 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
   };
   auto single = [&](TensorId id) {
     const TensorInfo& t = model_->tensor(id);
-    templates.push_back({t.kind, class_of(t), {id}, stage_sets(t), slab_width(t), t.dtype});
+    templates.push_back({t.kind, class_of(t), {id}, stage_sets(t), slab_width(t), t.dtype, quantizable(t)});
   };
   single(*model_->find(TensorKind::embed));
   // Layers group by their stage in every layout and by class (dense or sparse).
@@ -106,7 +107,7 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
       const std::int32_t experts = is_expert(k) ? static_cast<std::int32_t>(cfg.experts) : 1;
       for (std::int32_t x = 0; x < experts; ++x) {
         const TensorInfo& first = model_->tensor(*model_->find(k, layers[0], x));
-        Template t{k, class_of(first), {}, stage_sets(first), slab_width(first), first.dtype};
+        Template t{k, class_of(first), {}, stage_sets(first), slab_width(first), first.dtype, quantizable(first)};
         for (std::int32_t l : layers) t.tensors.push_back(*model_->find(k, l, x));
         templates.push_back(std::move(t));
       }

@@ -41,6 +41,7 @@ struct Template {
   std::vector<StageSet> stages;   ///< per layout index
   std::int64_t slab_width;        ///< elements per unit of the split axis
   DType dtype;                    ///< its tensors' param dtype (one kind: one dtype)
+  bool quantizable;               ///< held as FP8 in a `dtype=fp8` unit (fp8_layout.hpp)
 };
 
 /// Target slots planned together, and which source collections hold them.
@@ -52,6 +53,11 @@ struct SlotGroup {
     std::uint64_t n = 0;
     for (Slot s : slots) n += width(slot_dtype(s, param));
     return n;
+  }
+  /// The same in a destination layout: one byte for an FP8-held tensor (its scales, four
+  /// bytes a block, counted apart).
+  std::uint64_t bytes_per_element(const Template& t, bool fp8_target) const {
+    return fp8_target && t.quantizable ? 1 : bytes_per_element(t.dtype);
   }
 };
 

@@ -26,6 +26,9 @@ struct Layout {
   Packing packing = Packing::hf;
   int ep = 1;
   int etp = 0;  ///< 0: the default, tp
+  /// `dtype=fp8`: quantizable weights held as float8_e4m3fn with float32 block scales
+  /// (generation and inference units only; core/fp8_layout.hpp).
+  bool fp8 = false;
 
   /// GPUs of one pipeline stage: tp·ep; position (s, g = e·tp + r) is R[s·tp·ep + g].
   int stage_size() const { return tp * ep; }
@@ -37,9 +40,10 @@ struct Layout {
   Range stage_layers(int s, std::int64_t L) const;
   /// Pipeline stage holding layer l.
   int stage_of(std::int64_t layer, std::int64_t L) const;
-  /// Same shards (packing aside).
+  /// Same shards in the same element types (packing aside).
   bool same_sharding(const Layout& o) const {
-    return tp == o.tp && pp == o.pp && partition == o.partition && ep == o.ep && expert_tp() == o.expert_tp();
+    return tp == o.tp && pp == o.pp && partition == o.partition && ep == o.ep && expert_tp() == o.expert_tp() &&
+           fp8 == o.fp8;
   }
   bool operator==(const Layout&) const = default;
 };
@@ -64,7 +68,7 @@ struct CollectionSpec {
   std::vector<DeviceId> devices;  ///< tp·pp·ep·dp ids; filled with 0.. when not given
 };
 
-/// Parses `tp=T,pp=P[,ep=X[,etp=K]],dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused]`.
+/// Parses `tp=T,pp=P[,ep=X[,etp=K]],dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused][,dtype=fp8]`.
 /// Every error names the offending key and value.
 CollectionSpec parse_collection_spec(std::string_view spec);
 

@@ -36,6 +36,7 @@ struct ReshardSummary {
   std::uint64_t inter_node_bytes = 0;   ///< moved bytes that leave their node
   std::uint64_t transfer_count = 0;     ///< transfers that cross a link
   std::uint64_t local_copy_count = 0;   ///< on-device copies (kept buffers excluded)
+  std::uint64_t quantized_bytes = 0;    ///< FP8 bytes and scales quantized from the config's dtype
   double estimated_seconds = 0;
   double plan_ms = 0;
 };

@@ -17,6 +17,13 @@ struct BufferView {
   LocalView view;       ///< element offset and per-dimension element strides
 };
 
+/// How a transfer to a `dtype=fp8` unit treats a quantized weight (sharding.md, "FP8").
+enum class Fp8Move : std::uint8_t {
+  none,      ///< not an FP8-held tensor: elements as they are
+  quantize,  ///< the source holds the config's dtype: quantized per block where it is read
+  copy,      ///< both ends hold FP8: the bytes and their scales as they are
+};
+
 /// One box of one (tensor, slot) from device src to device dst.
 struct Transfer {
   DeviceId src = 0;
@@ -27,7 +34,8 @@ struct Transfer {
   Box box;                   ///< global element coordinates
   BufferView src_view;
   BufferView dst_view;
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0;   ///< at the destination's element width; FP8: one per element, four per block
+  Fp8Move fp8 = Fp8Move::none;
   bool keep = false;         ///< local, and the destination may keep the source buffer as is
 
   bool local() const { return src == dst; }

@@ -1,0 +1,83 @@
+#include "nereus/core/fp8_layout.hpp"
+
+#include <vector>
+
+#include "nereus/base/error.hpp"
+#include "nereus/core/sharding.hpp"
+
+namespace nereus {
+
+bool quantizable(const TensorInfo& t) {
+  using K = TensorKind;
+  if (t.rank != 2 || t.layer < 0) return false;
+  switch (t.kind) {
+    case K::q: case K::k: case K::v: case K::o: case K::gate: case K::up: case K::down:
+    case K::q_a: case K::kv_a: case K::kv_b: case K::shared_gate: case K::shared_up: case K::shared_down:
+    case K::expert_gate: case K::expert_up: case K::expert_down:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string scale_name(const TensorInfo& t) {
+  constexpr std::string_view suffix = ".weight";
+  std::string n = t.name;
+  if (n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+    n.resize(n.size() - suffix.size());
+  return n + ".weight_scale_inv";
+}
+
+Fp8Blocks fp8_blocks(const ModelConfig& m, const TensorInfo& t) {
+  const bool columns = split_axis(t.kind) == 1;
+  return columns ? Fp8Blocks{m.fp8_block[1], m.fp8_block[0]} : Fp8Blocks{m.fp8_block[0], m.fp8_block[1]};
+}
+
+namespace {
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+std::int64_t fp8_block_count(const ModelConfig& m, const TensorInfo& t, Range range) {
+  if (range.empty()) return 0;
+  const Fp8Blocks b = fp8_blocks(m, t);
+  const std::int64_t across = slab_width(t);
+  return (ceil_div(range.hi, b.along) - range.lo / b.along) * ceil_div(across, b.across);
+}
+
+std::uint64_t fp8_slab_bytes(const ModelConfig& m, const TensorInfo& t, Range range) {
+  return static_cast<std::uint64_t>(range.size() * slab_width(t) + 4 * fp8_block_count(m, t, range));
+}
+
+Box fp8_scale_box(const ModelConfig& m, const Box& w) {
+  Box s = w;
+  for (int d = 0; d < 2; ++d) {
+    const std::int64_t b = m.fp8_block[d];
+    s.dims[d] = {w.dims[d].lo / b, ceil_div(w.dims[d].hi, b)};
+  }
+  return s;
+}
+
+void check_fp8_blocks(const ModelSpec& model, const Layout& layout, const std::string& role) {
+  const ModelConfig& m = model.config();
+  bool seen[kTensorKinds] = {};
+  for (const TensorInfo& t : model.tensors()) {
+    if (!quantizable(t) || seen[static_cast<int>(t.kind)]) continue;
+    seen[static_cast<int>(t.kind)] = true;
+    const int ranks = is_expert(t.kind) ? layout.expert_tp() : layout.tp;
+    const int axis = split_axis(t.kind) == 1 ? 1 : 0;
+    const std::int64_t extent = t.shape[static_cast<std::size_t>(axis)];
+    const std::int64_t b = fp8_blocks(m, t).along;
+    for (int r = 0; r < ranks; ++r) {
+      const Range part = tp_range(m, t, ranks, r);
+      for (const std::int64_t cut : {part.lo, part.hi})
+        if (cut % b != 0 && cut != extent)
+          throw Error("layout " + to_string(layout) + " (" + role + "): " + t.name + " is split at " +
+                      (axis == 0 ? "row " : "column ") + std::to_string(cut) + ", inside an FP8 block of " +
+                      std::to_string(b) + (axis == 0 ? " rows" : " columns") +
+                      " (quantization_config.weight_block_size [" + std::to_string(m.fp8_block[0]) + ", " +
+                      std::to_string(m.fp8_block[1]) + "]); every split of a quantized weight must fall on a block boundary");
+    }
+  }
+}
+
+}  // namespace nereus
