@@ -89,8 +89,7 @@ class Planner {
       const StageSet& ss = t.stages[lay];
       const auto& ranges = ix_.ranges(lay, t.cls);
       for (int si = 0; si < ss.n; ++si)
-        for (int r = 0; r < e.layout.stage_size(); ++r) {
-          if (ranges[r].empty()) continue;  // an expert outside this position's group
+        for (int r : ix_.holders(lay, t.cls)) {
           Piece base{ti, u, static_cast<std::uint16_t>(ss.s[si]), static_cast<std::uint16_t>(r), gi,
                      false, false, 0, e.device(ss.s[si], r), {}};
           plan_destination(t, g, base, ranges[r], e.layout.packing, bytes, copies);

@@ -63,15 +63,18 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
     if (!rep[class_of(t)]) rep[class_of(t)] = &t;
   ranges_.resize(layouts.size());
   by_lo_.resize(layouts.size());
+  holders_.resize(layouts.size());
   for (std::size_t li = 0; li < layouts.size(); ++li) {
     ranges_[li].resize(rep.size());
     by_lo_[li].resize(rep.size());
+    holders_[li].resize(rep.size());
     for (std::size_t k = 0; k < rep.size(); ++k) {
       if (!rep[k]) continue;
       for (int g = 0; g < layouts[li].stage_size(); ++g) {
         const Range r = stage_range(cfg, *rep[k], layouts[li], g);
         ranges_[li][k].push_back(r);
         if (!r.empty()) by_lo_[li][k].push_back({r, g});
+        if (!r.empty()) holders_[li][k].push_back(g);
       }
       std::stable_sort(by_lo_[li][k].begin(), by_lo_[li][k].end(),
                        [](const RangeAt& a, const RangeAt& b) { return a.range.lo < b.range.lo; });

@@ -80,6 +80,9 @@ class ReshardIndex {
   /// Ranges of a shard class along its split axis, by in-stage index (empty where the
   /// position holds none of it: an expert outside its group).
   const std::vector<Range>& ranges(int layout, std::uint32_t cls) const { return ranges_[layout][cls]; }
+  /// In-stage indices g of `layout` that hold some of class cls, ascending (for a routed
+  /// expert only its group's: iterating these skips the rest of the stage).
+  const std::vector<int>& holders(int layout, std::uint32_t cls) const { return holders_[layout][cls]; }
   int node_of(DeviceId d) const { return d / gpus_per_node; }
   /// Calls f(g) for each in-stage index g of `layout` whose range of class cls contains x.
   template <class F>
@@ -111,6 +114,7 @@ class ReshardIndex {
   };
   std::vector<std::vector<std::vector<Range>>> ranges_;    // [layout][class][g]
   std::vector<std::vector<std::vector<RangeAt>>> by_lo_;   // [layout][class]: non-empty, by lo
+  std::vector<std::vector<std::vector<int>>> holders_;     // [layout][class]: g with a non-empty range
   std::uint16_t layout_index(const Layout& l);
 };
 
