@@ -5,6 +5,7 @@
 #include "nereus/base/device.hpp"
 #include "nereus/base/device_id.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/huge_pages.hpp"
 #include "nereus/base/log.hpp"
 #include "nereus/base/progress.hpp"
 #include "nereus/base/svg.hpp"

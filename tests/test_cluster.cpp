@@ -8,6 +8,7 @@
 
 #include <boost/asio/write.hpp>
 
+#include <chrono>
 #include <map>
 #include <random>
 #include <thread>
@@ -484,6 +485,42 @@ TEST_CASE("a protected channel takes well-tagged frames in order and drops the c
                         : 1));
     CHECK((has(error, "failed its integrity check") || has(error, "no room for its integrity tag")));
   }
+}
+
+TEST_CASE("a receiver whose own loop stalled past the idle limit takes the message that arrived meanwhile") {
+  // The coordinator's loop stalls (a busy machine, a debugger): the peer's heartbeat is
+  // in the socket by the time the idle watchdog runs, so the silence was the receiver's
+  // own, and the peer must not be declared lost. Asio's reactor performs ready reads before
+  // it runs expired timers, so Channel::read_within needs no check of its own; this guards
+  // that ordering (seen while looking at a heartbeat loss on a machine loaded past its cores).
+  namespace a = boost::asio;
+  using a::ip::tcp;
+  a::io_context io;
+  tcp::acceptor acc(io, tcp::endpoint(a::ip::make_address("127.0.0.1"), 0));
+  tcp::socket writer(io);
+  writer.connect(acc.local_endpoint());
+  Channel ch(acc.accept());
+  ch.set_peer("peer");
+  const Bytes frame = encode_frame(Envelope{kProtocolVersion, 9, 0, Heartbeat{7, {}}});
+  const auto sequence = testing::run_on(io, [&]() -> a::awaitable<std::uint64_t> {
+    a::post(io, [&] {
+      // The loop stalls past the 50 ms limit; the heartbeat lands just before it turns again,
+      // so both the watchdog and the read are due on that turn, the watchdog first.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      a::write(writer, a::buffer(frame));
+    });
+    const Envelope e = co_await ch.receive(Millis(50), Millis(50));
+    co_return std::get<Heartbeat>(e.body).sequence;
+  }());
+  CHECK(sequence == 7);
+  // Real silence still ends the wait.
+  const std::string silent = error_of([&] {
+    testing::run_on(io, [&]() -> a::awaitable<int> {
+      co_await ch.receive(Millis(50), Millis(50));
+      co_return 0;
+    }());
+  });
+  CHECK_MESSAGE(has(silent, "no message within 50 ms"), silent);
 }
 
 TEST_CASE("load_token: file or environment, with clear errors") {

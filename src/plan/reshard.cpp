@@ -44,7 +44,7 @@ struct Load {
 /// destination range with what its own device holds, then the gaps with the best sender.
 class Planner {
  public:
-  Planner(const ReshardIndex& ix, std::vector<Piece>& out)
+  Planner(const ReshardIndex& ix, std::vector<Piece, HugePageAllocator<Piece>>& out)
       : ix_(ix), out_(out), load_(static_cast<std::size_t>(ix.max_device) + 1) {}
 
   void run(ReshardSummary& sum) {
@@ -220,7 +220,7 @@ class Planner {
   }
 
   const ReshardIndex& ix_;
-  std::vector<Piece>& out_;
+  std::vector<Piece, HugePageAllocator<Piece>>& out_;
   std::vector<Load> load_;
   std::vector<Local> locals_;
   ReshardSummary sum_;

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "nereus/base/huge_pages.hpp"
 #include "nereus/core/cluster.hpp"
 #include "nereus/core/emu.hpp"
 #include "nereus/plan/transfer.hpp"
@@ -81,7 +82,7 @@ class ReshardPlan {
   std::vector<Transfer> materialise(Keep&& keep) const;
 
   std::unique_ptr<const ReshardIndex> index_;
-  std::vector<Piece> pieces_;
+  std::vector<Piece, HugePageAllocator<Piece>> pieces_;
   std::vector<DeviceTraffic> traffic_;
   ReshardSummary summary_;
 };
