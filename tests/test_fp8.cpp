@@ -8,10 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "nereus/core/fill.hpp"
 #include "nereus/core/fp8.hpp"
+#include "nereus/core/fp8_layout.hpp"
+#include "nereus/core/model.hpp"
 #include "test_util.hpp"
 
 using namespace nereus;
@@ -152,4 +156,69 @@ TEST_CASE("fp8: blocks quantize as per_block_cast_to_fp8, edges cut, NaN and inf
           }
       }
   }
+}
+
+TEST_CASE("fp8: an FP8 unit's verification fill is the param fill quantized block by block") {
+  // tiny-deepseek-v3 (bf16, 16×16 blocks) and tiny-qwen3-moe in float32 with 5×7 blocks;
+  // random boxes, aligned or not (each block is read whole from the fill either way).
+  ModelConfig f32 = load_model("tiny-qwen3-moe")->config();
+  f32.dtype = DType::f32;
+  f32.fp8_block = {5, 7};
+  const std::vector<std::shared_ptr<const ModelSpec>> models{load_model("tiny-deepseek-v3"),
+                                                             std::make_shared<const ModelSpec>("f32-5x7", f32)};
+  std::mt19937 rng(8);
+  int boxes = 0, nonfinite_blocks = 0;
+  for (const auto& m : models) {
+    const ModelConfig& c = m->config();
+    for (const TensorInfo& t : m->tensors()) {
+      if (!quantizable(t) || std::uniform_int_distribution<int>(0, 3)(rng) != 0) continue;
+      auto range = [&](std::int64_t n) {
+        const std::int64_t a = std::uniform_int_distribution<std::int64_t>(0, n - 1)(rng);
+        return Range{a, std::uniform_int_distribution<std::int64_t>(a + 1, n)(rng)};
+      };
+      Box w = Box::of_shape({t.shape[0], t.shape[1]});
+      w.dims[0] = range(t.shape[0]);
+      w.dims[1] = range(t.shape[1]);
+      const Box sb = fp8_scale_box(c, w);
+      std::vector<std::uint8_t> out(static_cast<std::size_t>(w.elements()));
+      std::vector<float> scales(static_cast<std::size_t>(sb.elements()));
+      fp8_fill(c, t, w, out.data(), scales.data());
+      ++boxes;
+      const std::uint64_t seed = fill_seed(t.name, "param");
+      auto value = [&](std::int64_t i, std::int64_t j) {  // sharding.md's fill, read as the config's dtype
+        const std::uint64_t v = fill_value(seed, static_cast<std::uint64_t>(i * t.shape[1] + j));
+        if (c.dtype == DType::bf16) return bf16(static_cast<std::uint16_t>(v));
+        const auto low = static_cast<std::uint32_t>(v);
+        float x;
+        std::memcpy(&x, &low, 4);
+        return x;
+      };
+      CAPTURE(t.name);
+      for (std::int64_t br = sb.dims[0].lo; br < sb.dims[0].hi; ++br)
+        for (std::int64_t bc = sb.dims[1].lo; bc < sb.dims[1].hi; ++bc) {
+          const std::int64_t r0 = br * c.fp8_block[0], r1 = std::min(r0 + c.fp8_block[0], t.shape[0]);
+          const std::int64_t c0 = bc * c.fp8_block[1], c1 = std::min(c0 + c.fp8_block[1], t.shape[1]);
+          float amax = 0;
+          bool nonfinite = false;
+          for (std::int64_t i = r0; i < r1; ++i)
+            for (std::int64_t j = c0; j < c1; ++j) {
+              const float x = value(i, j);
+              if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+              else nonfinite = true;
+            }
+          nonfinite_blocks += nonfinite;
+          const float s = std::max(amax, 1e-4f) / 448.0f, r = 1.0f / s;
+          const float got = scales[static_cast<std::size_t>((br - sb.dims[0].lo) * sb.dims[1].size() + bc - sb.dims[1].lo)];
+          REQUIRE(std::memcmp(&got, &s, 4) == 0);
+          for (std::int64_t i = std::max(r0, w.dims[0].lo); i < std::min(r1, w.dims[0].hi); ++i)
+            for (std::int64_t j = std::max(c0, w.dims[1].lo); j < std::min(c1, w.dims[1].hi); ++j) {
+              const float x = value(i, j);
+              REQUIRE(out[static_cast<std::size_t>((i - w.dims[0].lo) * w.dims[1].size() + j - w.dims[1].lo)] ==
+                      brute_encode(std::isnan(x) ? x : x * r));
+            }
+        }
+    }
+  }
+  CHECK(boxes > 10);
+  CHECK(nonfinite_blocks > 0);  // the fill's random bits hold NaN and inf: their rule is exercised
 }

@@ -1,8 +1,12 @@
 #include "nereus/core/fp8_layout.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "nereus/base/error.hpp"
+#include "nereus/core/fill.hpp"
+#include "nereus/core/fp8.hpp"
 #include "nereus/core/sharding.hpp"
 
 namespace nereus {
@@ -55,6 +59,36 @@ Box fp8_scale_box(const ModelConfig& m, const Box& w) {
     s.dims[d] = {w.dims[d].lo / b, ceil_div(w.dims[d].hi, b)};
   }
   return s;
+}
+
+void fp8_fill(const ModelConfig& m, const TensorInfo& t, const Box& w, std::uint8_t* out, float* scales) {
+  const Box s = fp8_scale_box(m, w);
+  const std::int64_t bo = m.fp8_block[0], bi = m.fp8_block[1];
+  const std::uint32_t wid = width(t.dtype);
+  const fp8::Source type = t.dtype == DType::f32 ? fp8::Source::f32 : t.dtype == DType::f16 ? fp8::Source::f16 : fp8::Source::bf16;
+  const std::uint64_t seed = fill_seed(t.name, "param");
+  const std::int64_t cols = w.dims[1].size();
+  std::vector<std::byte> block;
+  std::vector<std::uint8_t> q;
+  for (std::int64_t br = s.dims[0].lo; br < s.dims[0].hi; ++br)
+    for (std::int64_t bc = s.dims[1].lo; bc < s.dims[1].hi; ++bc) {
+      const Range r{br * bo, std::min((br + 1) * bo, t.shape[0])}, c{bc * bi, std::min((bc + 1) * bi, t.shape[1])};
+      block.resize(static_cast<std::size_t>(r.size() * c.size() * wid));
+      q.resize(static_cast<std::size_t>(r.size() * c.size()));
+      std::size_t at = 0;
+      for (std::int64_t i = r.lo; i < r.hi; ++i)
+        for (std::int64_t j = c.lo; j < c.hi; ++j, at += wid) {
+          const std::uint64_t v = fill_value(seed, static_cast<std::uint64_t>(i * t.shape[1] + j));
+          std::memcpy(&block[at], &v, wid);  // the low bytes, little-endian (x86, aarch64)
+        }
+      float scale = 0;
+      fp8::quantize({block.data(), type, r.size(), c.size(), c.size()}, bo, bi, q.data(), c.size(), &scale, 1);
+      scales[(br - s.dims[0].lo) * s.dims[1].size() + (bc - s.dims[1].lo)] = scale;
+      const Range rr = r.intersect(w.dims[0]), cc = c.intersect(w.dims[1]);
+      for (std::int64_t i = rr.lo; i < rr.hi; ++i)
+        std::memcpy(out + (i - w.dims[0].lo) * cols + (cc.lo - w.dims[1].lo), &q[static_cast<std::size_t>((i - r.lo) * c.size() + (cc.lo - c.lo))],
+                    static_cast<std::size_t>(cc.size()));
+    }
 }
 
 void check_fp8_blocks(const ModelSpec& model, const Layout& layout, const std::string& role) {

@@ -40,6 +40,12 @@ std::uint64_t fp8_slab_bytes(const ModelConfig& m, const TensorInfo& t, Range ra
 /// The scale box of a weight box: rows [a/bo, ⌈b/bo⌉), columns [c/bi, ⌈d/bi⌉).
 Box fp8_scale_box(const ModelConfig& m, const Box& weight);
 
+/// What a `dtype=fp8` unit holds of quantizable t's weight box `w` under the verification
+/// fill (sharding.md): the fill of t's `param` slot in its own dtype, quantized block by
+/// block, each block read whole from the fill (so any shard is checkable on its own).
+/// `fp8` gets w's elements row-major, `scales` those of fp8_scale_box(m, w) row-major.
+void fp8_fill(const ModelConfig& m, const TensorInfo& t, const Box& w, std::uint8_t* fp8, float* scales);
+
 /// Throws Error with one line naming the tensor, the boundary and the block size when a
 /// split boundary (TP, expert TP) of a quantizable tensor in `layout` does not fall on a
 /// block boundary or the tensor's end. `role` names the side ("target", "source
