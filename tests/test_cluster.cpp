@@ -46,6 +46,16 @@ std::string decode_error(const Bytes& body) {
   return error_of([&] { decode_body(body); });
 }
 
+/// A Channel reading one end of a loopback TCP connection, and the raw socket writing the
+/// other (frames go in as bytes, exactly as a peer would send them).
+struct Loopback {
+  boost::asio::io_context io;
+  tcp::acceptor acc{io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0)};
+  tcp::socket writer{io};
+  Channel ch{(writer.connect(acc.local_endpoint()), acc.accept())};
+  Loopback() { ch.set_peer("peer"); }
+};
+
 Bytes flat(capnp::MessageBuilder& m) {
   const auto words = capnp::messageToFlatArray(m);
   return Bytes(words.asBytes().begin(), words.asBytes().end());
@@ -437,12 +447,10 @@ TEST_CASE("a protected channel takes well-tagged frames in order and drops the c
   // Writes `frames` raw into a fresh connection, then reads them with a protected Channel;
   // returns how many it took and the error that ended it ("" if none).
   auto deliver = [&](const std::vector<Bytes>& frames) {
-    a::io_context io;
-    tcp::acceptor acc(io, tcp::endpoint(a::ip::make_address("127.0.0.1"), 0));
-    tcp::socket writer(io);
-    writer.connect(acc.local_endpoint());
-    Channel ch(acc.accept());
-    ch.set_peer("peer");
+    Loopback l;  // references, not structured bindings: the lambdas below use them (clang 14)
+    auto& io = l.io;
+    auto& writer = l.writer;
+    auto& ch = l.ch;
     ch.protect(back, key);
     for (const Bytes& f : frames) a::write(writer, a::buffer(f));
     writer.shutdown(tcp::socket::shutdown_send);
@@ -494,13 +502,10 @@ TEST_CASE("a receiver whose own loop stalled past the idle limit takes the messa
   // it runs expired timers, so Channel::read_within needs no check of its own; this guards
   // that ordering (seen while looking at a heartbeat loss on a machine loaded past its cores).
   namespace a = boost::asio;
-  using a::ip::tcp;
-  a::io_context io;
-  tcp::acceptor acc(io, tcp::endpoint(a::ip::make_address("127.0.0.1"), 0));
-  tcp::socket writer(io);
-  writer.connect(acc.local_endpoint());
-  Channel ch(acc.accept());
-  ch.set_peer("peer");
+  Loopback l;  // references, not structured bindings: the lambdas below use them (clang 14)
+  auto& io = l.io;
+  auto& writer = l.writer;
+  auto& ch = l.ch;
   const Bytes frame = encode_frame(Envelope{kProtocolVersion, 9, 0, Heartbeat{7, {}}});
   const auto sequence = testing::run_on(io, [&]() -> a::awaitable<std::uint64_t> {
     a::post(io, [&] {
