@@ -42,6 +42,16 @@ def new_job(**kw):
     return nereus.Job(JOB, kw.pop("plan", BASE), **kw)
 
 
+def grpo_job(model, plan, prompts_per_step):
+    """A GRPO job whose actor and reference are `model`, with a rule reward."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "grpo.json")
+        with open(path, "w") as f:
+            json.dump({"algorithm": "grpo", "prompts_per_step": prompts_per_step, "samples_per_prompt": 2, "prompt_len": 16,
+                       "max_response_len": 32, "models": {"actor": model, "reference": model, "reward": "rule"}}, f)
+        return nereus.Job(path, plan, devices=8, capacity="64MiB")
+
+
 def index(shard):
     return tuple(slice(lo, hi) for lo, hi in shard.box)
 
@@ -129,13 +139,7 @@ class MixtureOfExperts(unittest.TestCase):
             "actor/train": "tp=1,pp=2,ep=2,dp=1,devices=0-3"}  # etp = tp = 1: whole experts
 
     def test_expert_parallel_round_trip(self):
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "grpo-moe.json")
-            with open(path, "w") as f:
-                json.dump({"algorithm": "grpo", "prompts_per_step": 8, "samples_per_prompt": 2, "prompt_len": 16,
-                           "max_response_len": 32,
-                           "models": {"actor": "tiny-qwen3-moe", "reference": "tiny-qwen3-moe", "reward": "rule"}}, f)
-            job = nereus.Job(path, self.PLAN, devices=8, capacity="64MiB")
+        job = grpo_job("tiny-qwen3-moe", self.PLAN, 8)
         unit = job.units("actor/train")[0]
         self.assertEqual(unit.devices, [0, 1, 2, 3])
         # GPU 1 (stage 0, ep rank 1) holds experts 3-5 of layer 1, whole, and no expert of
@@ -164,13 +168,7 @@ class DeepSeekStyle(unittest.TestCase):
             "actor/train": "tp=4,pp=1,dp=1,devices=4-7"}
 
     def test_mla_units(self):
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "grpo-ds.json")
-            with open(path, "w") as f:
-                json.dump({"algorithm": "grpo", "prompts_per_step": 4, "samples_per_prompt": 2, "prompt_len": 16,
-                           "max_response_len": 32,
-                           "models": {"actor": "tiny-deepseek-v3", "reference": "tiny-deepseek-v3", "reward": "rule"}}, f)
-            job = nereus.Job(path, self.PLAN, devices=8, capacity="64MiB")
+        job = grpo_job("tiny-deepseek-v3", self.PLAN, 4)
         params = {s.tensor: s.data.dtype for s in job.units("actor/train")[0].shards()}
         self.assertEqual(params["model.layers.1.mlp.gate.e_score_correction_bias"], torch.float32)
         self.assertEqual(params["model.layers.1.self_attn.kv_b_proj.weight"], torch.bfloat16)
