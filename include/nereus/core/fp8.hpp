@@ -2,9 +2,10 @@
 // FP8 block quantization (sharding.md, "Per-tensor dtypes and FP8 block-scaled weights"):
 // float8_e4m3fn (1 sign bit, 4 exponent bits with bias 7, 3 mantissa bits; no infinities,
 // S.1111.111 is NaN; the largest finite value is 448) and the per-block scale DeepGEMM's
-// and vLLM's per_block_cast_to_fp8 produce. Written once, on the host: the reference the
-// fill, the executor's host path and the tests use for bytes that must match bit for bit.
-// Dependency-free so a CUDA kernel can include it for the same arithmetic.
+// and vLLM's per_block_cast_to_fp8 produce. Written once, on the host, for bytes that must
+// match bit for bit: the verification fill of FP8 units (fp8_fill) uses it today; the
+// executor's host path, which does not move FP8 yet, is to use it too. Dependency-free so
+// a CUDA kernel can include it for the same arithmetic.
 #include <cstddef>
 #include <cstdint>
 
