@@ -63,6 +63,7 @@
 #include "nereus/runtime/notifier.hpp"
 #include "nereus/runtime/participant.hpp"
 #include "nereus/runtime/peer_info.hpp"
+#include "nereus/runtime/fp8_moves.hpp"
 #include "nereus/runtime/unit_store.hpp"
 #include "nereus/sim/report.hpp"
 #include "nereus/sim/truth.hpp"

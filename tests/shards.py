@@ -55,6 +55,61 @@ def fill_box(tensor, slot, box, cols, width):
     return z.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :width].tobytes()
 
 
+# float8_e4m3fn's finite positive values, by code 0..126 (0x7f is NaN): exponent bias 7,
+# subnormals below 2^-6. Written from the format's definition, not from Nereus's encoder.
+E4M3 = [(c & 7) / 8 * 2.0 ** -6 if c >> 3 == 0 else (1 + (c & 7) / 8) * 2.0 ** ((c >> 3) - 7) for c in range(127)]
+
+
+def e4m3_codes(v):
+    """float32 array → e4m3fn bytes: nearest value, ties to the even code, saturating at
+    448; NaN → 0x7f and ±inf → ±448 with their sign (sharding.md's FP8 rule)."""
+    import numpy as np
+    table = np.array(E4M3)
+    a = np.abs(v.astype(np.float64))
+    nan = np.isnan(a)
+    a = np.where(nan, 0, np.minimum(a, 448.0))
+    hi = np.clip(np.searchsorted(table, a), 1, 126)
+    lo = hi - 1
+    dl, dh = a - table[lo], table[hi] - a
+    code = np.where(dl < dh, lo, np.where(dh < dl, hi, np.where(lo % 2 == 0, lo, hi)))
+    code = np.where(a >= table[126], 126, code)
+    code = np.where(nan, 0x7f, code)
+    return (code | np.where(np.signbit(v), 0x80, 0)).astype(np.uint8)
+
+
+def fp8_expected(tensor, box, shape, block, scale=False):
+    """What a dtype=fp8 unit holds of `box` of quantizable `tensor` (bf16 in the model):
+    the fill of its param slot quantized per [bo, bi] block as sharding.md says — the
+    FP8 bytes of `box`, or, with `scale`, the float32 scale_inv of the blocks of scale box
+    `box`."""
+    import numpy as np
+    (bo, bi), (R, C) = block, shape
+    if scale:
+        sbox = box
+        box = [[box[0][0] * bo, min(box[0][1] * bo, R)], [box[1][0] * bi, min(box[1][1] * bi, C)]]
+    else:
+        sbox = [[box[0][0] // bo, -(-box[0][1] // bo)], [box[1][0] // bi, -(-box[1][1] // bi)]]
+    q = np.zeros((box[0][1] - box[0][0], box[1][1] - box[1][0]), dtype=np.uint8)
+    scales = np.zeros((sbox[0][1] - sbox[0][0], sbox[1][1] - sbox[1][0]), dtype=np.float32)
+    for br in range(*sbox[0]):
+        for bc in range(*sbox[1]):
+            rows, cols = [br * bo, min((br + 1) * bo, R)], [bc * bi, min((bc + 1) * bi, C)]
+            bits = np.frombuffer(fill_box(tensor, "param", [rows, cols], C, 2), dtype="<u2").astype(np.uint32)
+            x = (bits << 16).view(np.float32).reshape(rows[1] - rows[0], cols[1] - cols[0])
+            finite = np.abs(x[np.isfinite(x)])
+            amax = max(np.float32(finite.max()) if finite.size else np.float32(0), np.float32(1e-4))
+            s = np.float32(amax) / np.float32(448)
+            r = np.float32(1) / s
+            with np.errstate(invalid="ignore", over="ignore"):
+                y = np.where(np.isinf(x), np.sign(x) * np.float32(448), x * r).astype(np.float32)
+            scales[br - sbox[0][0], bc - sbox[1][0]] = s
+            i0, i1 = max(rows[0], box[0][0]), min(rows[1], box[0][1])
+            j0, j1 = max(cols[0], box[1][0]), min(cols[1], box[1][1])
+            q[i0 - box[0][0]:i1 - box[0][0], j0 - box[1][0]:j1 - box[1][0]] = \
+                e4m3_codes(y[i0 - rows[0]:i1 - rows[0], j0 - cols[0]:j1 - cols[0]])
+    return scales.astype("<f4").tobytes() if scale else q.tobytes()
+
+
 def model_shapes(nereus, name):
     rc = subprocess.run([nereus, "model", "--model", name, "--tensors", "--json"], capture_output=True, text=True)
     return {t["name"]: t["shape"] for t in json.loads(rc.stdout)["tensors"]}
@@ -63,6 +118,7 @@ def model_shapes(nereus, name):
 def check_dump(nereus, d, model, sample=40):
     """Recomputes `sample` dumped files from the manifest alone."""
     shapes = model_shapes(nereus, model)
+    block = json.loads(subprocess.run([nereus, "model", "--model", model, "--json"], capture_output=True, text=True).stdout)["fp8_block"]
     manifest = json.load(open(os.path.join(d, "manifest.json")))
     files = manifest["files"]
     check(len(files) > 0, "dump lists files")
@@ -72,9 +128,15 @@ def check_dump(nereus, d, model, sample=40):
         width = 4 if f["dtype"] == "f32" else 2
         data = open(os.path.join(d, f["file"]), "rb").read()
         parts = f.get("parts") or [{"tensor": f["tensor"], "box": f["box"]}]
-        want = b"".join(expected_bytes(p["tensor"], f["slot"], p["box"],
-                                       shapes[p["tensor"]][1] if len(shapes[p["tensor"]]) > 1 else 1, width)
-                        for p in parts)
+        def expected(p):
+            name = p["tensor"]
+            if name.endswith(".weight_scale_inv"):  # an FP8 weight's block scales
+                weight = name[:-len("_scale_inv")]
+                return fp8_expected(weight, p["box"], shapes[weight], block, scale=True)
+            if f["dtype"] == "f8_e4m3":
+                return fp8_expected(name, p["box"], shapes[name], block)
+            return expected_bytes(name, f["slot"], p["box"], shapes[name][1] if len(shapes[name]) > 1 else 1, width)
+        want = b"".join(expected(p) for p in parts)
         if data != want:
             ok = False
             print("dump mismatch:", f["file"], file=sys.stderr)

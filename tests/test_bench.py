@@ -165,6 +165,31 @@ with tempfile.TemporaryDirectory() as d:
     check(all(f["dtype"] == "bf16" for f in files if f["slot"] == "param" and f not in bias),
           "every other param is the config's bf16")
 
+# FP8 (dtype=fp8): a bf16 source quantized where it is read (by the sender, before the
+# run), and FP8 units moved as they are, locally and across processes (gets and tagged
+# messages), fused too; every dumped byte and scale recomputed here by an independent
+# quantizer (shards.fp8_expected).
+FP8 = "tp=2,pp=1,dp=1,devices=1-2,dtype=fp8"
+for extra, src, dst, flag in [
+        ([], "tp=1,pp=1,dp=1", FP8, "--sync"),
+        (["--transport", "ucx-tag", "--procs", "2"], "tp=1,pp=1,dp=1", FP8, "--sync"),
+        (UCX2, "tp=2,pp=1,ep=2,etp=1,dp=1", "tp=2,pp=1,ep=2,dp=2,devices=0-7,dtype=fp8,packing=fused", "--sync"),
+        ([], "tp=2,pp=1,dp=1,dtype=fp8", "tp=1,pp=1,dp=2,devices=2-3,dtype=fp8", None),
+        (UCX2, "tp=2,pp=1,dp=1,dtype=fp8,packing=fused", "tp=1,pp=1,ep=2,etp=1,dp=1,devices=2-3,dtype=fp8", None)]:
+    with tempfile.TemporaryDirectory() as d:
+        rc, j, err = bench("--model", "tiny-deepseek-v3", "--from", src, "--to", dst, *([flag] if flag else []), "--verify",
+                           "--dump", d, "--repeat", "2", *extra)
+        check(rc == 0 and j.get("verified") is True and ("quantize_seconds_median" in j) == (flag is not None),
+              f"FP8 {extra} {src} -> {dst}: verified, quantized iff bf16 ({err.strip()[-300:]})")
+        if rc == 0:
+            check_dump(NEREUS, d, "tiny-deepseek-v3", sample=1 << 30)
+            files = json.load(open(os.path.join(d, "manifest.json")))["files"]
+            fp8 = [f for f in files if f["dtype"] == "f8_e4m3"]
+            scales = [f for f in files if f["file"].endswith("weight_scale_inv@param.bin")]
+            check(fp8 and len(fp8) == len(scales) and all(f["dtype"] == "f32" for f in scales)
+                  and not any(f["dtype"] == "f8_e4m3" for f in files if "layernorm" in f["file"] or "mlp.gate.weight" in f["file"]),
+                  f"FP8 dump: each quantized weight beside its float32 scales, norms and router as they were ({len(fp8)} FP8)")
+
 # A worker dies mid-transition: a clear error in bounded time, sources intact. The bound is on
 # detection (run start -> failure known), not on the whole command, whose setup and source
 # verification under sanitizers on a loaded CI machine can take a minute by themselves.

@@ -118,9 +118,6 @@ with tempfile.TemporaryDirectory() as d:
             ([], "tp=2,pp=1,dp=1,dtype=fp8", "tp=2,pp=1,dp=1", "dequantizing FP8 units is not supported"),
             ([], "tp=1,pp=1,dp=1", "tp=2,pp=1,dp=1,dtype=fp16", "dtype=fp16 is not fp8")]:
         expect_error(["plan", "--model", "tiny-deepseek-v3", *flags, "--from", src, "--to", dst], needle)
-    # Planned, not moved yet: the executor refuses before any byte moves.
-    expect_error(["bench", "transition", "--model", "tiny-deepseek-v3", "--sync", "--from", "tp=1,pp=1,dp=1",
-                  "--to", "tp=2,pp=1,dp=1,devices=1-2,dtype=fp8"], "moving FP8 units is not built yet")
     st = os.path.join(d, "bad.safetensors")
     header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [1003, 128], "data_offsets": [0, 256768]}}).encode()
     with open(st, "wb") as f:

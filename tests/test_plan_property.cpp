@@ -14,6 +14,11 @@
 #include "nereus/plan/geometry.hpp"
 #include "nereus/plan/placement.hpp"
 #include "nereus/plan/reshard.hpp"
+#include "nereus/runtime/executor.hpp"
+#include "nereus/runtime/fp8_moves.hpp"
+#include "nereus/runtime/unit_store.hpp"
+#include "nereus/transport/local.hpp"
+#include "run_async.hpp"
 
 namespace {
 
@@ -409,6 +414,50 @@ bool cuts_a_block(const nereus::ModelConfig& c, const std::vector<ref::Tensor>& 
   return cut;
 }
 
+/// The plan's FP8 transfers as the executor moves them: weight bytes and scales that add up
+/// to what was planned, each bf16 box quantized once; then real bytes, quantized by the
+/// sender, moved by the local transport and checked against sharding.md's fill.
+void moves_fp8_bytes(const nereus::ReshardPlan& plan) {
+  const auto planned = plan.transfers();
+  std::vector<nereus::DeviceId> all;
+  for (const auto& s : plan.sources()) for (auto d : s.devices()) all.push_back(d);
+  for (auto d : plan.target().devices()) all.push_back(d);
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  const nereus::ExecutableTransfers moves = nereus::executable_transfers(plan, all);
+  std::uint64_t want = 0, got = 0;
+  std::size_t quantized = 0;
+  std::set<std::tuple<std::uint32_t, nereus::DeviceId, nereus::TensorId, std::int64_t, std::int64_t, std::int64_t, std::int64_t>> boxes;
+  for (const auto& t : planned) {
+    want += t.bytes;
+    if (t.fp8 != nereus::Fp8Move::quantize) continue;
+    ++quantized;
+    boxes.insert({t.source, t.src, t.tensor, t.box.dims[0].lo, t.box.dims[0].hi, t.box.dims[1].lo, t.box.dims[1].hi});
+  }
+  std::size_t scales = 0;
+  for (const auto& t : moves.transfers) {
+    got += t.bytes;
+    CHECK(t.fp8 == nereus::Fp8Move::none);
+    if (t.slot != nereus::Slot::scale) continue;
+    ++scales;
+    const auto& b = t.box.dims;
+    CHECK(t.bytes == static_cast<std::uint64_t>(4 * (b[0].size() * b[1].size())));
+  }
+  CHECK(got == want);  // the planner's FP8 bytes: one per element, four per block
+  CHECK(moves.quantize.size() == boxes.size());
+  CHECK(scales >= quantized);
+  nereus::UnitStore store(plan, all, 0, 0);
+  store.allocate_and_fill(1);
+  if (store.quantizes()) store.quantize(2);
+  boost::asio::io_context io;
+  nereus::LocalTransport local({1, 1 << 16});
+  nereus::Executor ex(local, nullptr, [](nereus::DeviceId) { return nereus::PeerId{0}; });
+  (void)testing::run_on(io, ex.run(ex.bind(store.transfers(), plan.target(), store.table())));
+  const nereus::FillCheck targets = store.verify_targets(1), sources = store.verify_sources(1);
+  CHECK_MESSAGE(targets.ok, targets.first_error);
+  CHECK_MESSAGE(sources.ok, sources.first_error);
+}
+
 }  // namespace
 
 TEST_CASE("random FP8 targets (dtype=fp8, from the config's dtype and from FP8): bytes and lower bound per block, refusals") {
@@ -449,7 +498,9 @@ TEST_CASE("random FP8 targets (dtype=fp8, from the config's dtype and from FP8):
     for (const auto& u : k.target.units)
       for (int s = 0; s < u.layout.pp; ++s)
         for (int r = 0; r < u.layout.stage_size(); ++r) held += geometry.held(nereus::Position{&u.layout, s, r}).bytes(false);
-    CHECK(held == nereus::plan_reshard(k.sources, k.target).summary().target_bytes);
+    const auto plan = nereus::plan_reshard(k.sources, k.target);
+    CHECK(held == plan.summary().target_bytes);
+    moves_fp8_bytes(plan);
   }
   // The generator reaches both sides of the rule, and FP8 → FP8 moves.
   CHECK(planned > testing::cases(40, 20));

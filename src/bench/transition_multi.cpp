@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -139,8 +140,20 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
   json last_done;
   double detected = 0;  // seconds from the failing run's start to the failure being known
   Progress progress("bench transition", c.repeat, "runs", c.quiet || c.json);
+  std::vector<double> quantize_secs;
   for (int i = 0; i < c.repeat && error.empty(); ++i) {
     const auto t0 = clock::now();
+    if (p.plan.summary().quantized_bytes > 0) {
+      // bf16 → FP8: every worker quantizes what it sends, then all run (a receiver gets
+      // from its sender's staging). The run's time counts both.
+      {
+        const json msg = {{"type", "quantize"}};
+        co_await broadcast(msg);
+      }
+      co_await gather("quantized", deadline());
+      quantize_secs.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+      if (!error.empty()) break;
+    }
     {
       const json msg = {{"type", "run"}, {"iteration", i}, {"last", i + 1 == c.repeat}};
       co_await broadcast(msg);
@@ -183,6 +196,10 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
   } else {
     const auto copied = last_done["link_bytes"].get<std::uint64_t>() + last_done["local_bytes"].get<std::uint64_t>();
     out.update(run_figures(p, secs, copied));
+    if (!quantize_secs.empty()) {
+      std::sort(quantize_secs.begin(), quantize_secs.end());
+      out["quantize_seconds_median"] = quantize_secs[quantize_secs.size() / 2];
+    }
     if (last_done.contains("transports")) out["transports"] = last_done["transports"];
     out["verified"] = nullptr;
     if (c.verify) {

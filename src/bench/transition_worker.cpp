@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
+
 #include "control.hpp"
 #include "nereus/base/error.hpp"
 #include "transition_bench.hpp"
@@ -81,6 +83,11 @@ asio::awaitable<void> serve(const TransitionConfig& c, asio::io_context& io, Soc
         if (r.ok && (last || wants_timings(c))) msg["timings"] = timings_json(r.report.timings);
         co_await send(control, msg);
       });
+    } else if (t == "quantize") {  // before "run": the peers read what this writes
+      const auto q0 = std::chrono::steady_clock::now();
+      part.quantize();
+      const json msg = {{"type", "quantized"}, {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count()}};
+      co_await send(control, msg);
     } else if (t == "abort") {
       const bool stopped = co_await part.abort(std::chrono::seconds(2));
       const json msg = {{"type", "aborted"}, {"stuck", !stopped}};

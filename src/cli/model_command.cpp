@@ -36,7 +36,8 @@ void run_model(const ModelArgs& a) {
                         {"num_key_value_heads", c.kv_heads}, {"head_dim", c.head_dim},
                         {"vocab_size", c.vocab},   {"tie_word_embeddings", c.tied_embeddings},
                         {"dtype", std::string(to_string(c.dtype))}, {"parameters", model->parameters()},
-                        {"param_bytes", bytes},    {"tensor_count", model->tensors().size()}};
+                        {"param_bytes", bytes},    {"tensor_count", model->tensors().size()},
+                        {"fp8_block", {c.fp8_block[0], c.fp8_block[1]}}};
     if (c.moe()) {
       j["num_experts"] = c.experts;
       j["num_experts_per_tok"] = c.experts_per_token;

@@ -86,7 +86,7 @@ std::vector<PeerInfo::Buffer> buffers_of(capnp::List<w::SourceBuffer>::Reader bu
   std::vector<PeerInfo::Buffer> out;
   out.reserve(buffers.size());
   for (auto b : buffers) {
-    if (b.getSlot() > static_cast<std::uint8_t>(Slot::exp_avg_sq)) throw Error("buffer slot " + std::to_string(b.getSlot()) + " is unknown");
+    if (b.getSlot() > static_cast<std::uint8_t>(Slot::scale)) throw Error("buffer slot " + std::to_string(b.getSlot()) + " is unknown");
     if (b.getMemoryKind() > static_cast<std::uint8_t>(MemoryKind::cuda))
       throw Error("buffer memory kind " + std::to_string(b.getMemoryKind()) + " is unknown");
     out.push_back({b.getSide(), static_cast<DeviceId>(b.getDevice()), b.getBuffer(), static_cast<Slot>(b.getSlot()),

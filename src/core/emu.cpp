@@ -13,6 +13,7 @@ std::string_view to_string(Slot s) {
     case Slot::master: return "master";
     case Slot::exp_avg: return "exp_avg";
     case Slot::exp_avg_sq: return "exp_avg_sq";
+    case Slot::scale: return "scale";
   }
   return "?";
 }

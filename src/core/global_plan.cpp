@@ -59,7 +59,7 @@ GlobalPlan parse_global_plan(const JobSpec& job, std::string_view text, std::str
     // step and replan them, none of which handles FP8 yet.
     if (plan.stages.back().second.layout.fp8)
       throw Error(std::string(origin) + ": model-stage '" + s.name() +
-                  "': dtype=fp8 in a job's plan is not supported yet (FP8 units are planned, not moved)");
+                  "': dtype=fp8 in a job's plan is not supported yet (FP8 units move in `nereus bench transition`; jobs do not hold them)");
   }
   return plan;
 }

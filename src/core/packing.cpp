@@ -1,5 +1,6 @@
 #include "nereus/core/packing.hpp"
 
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/sharding.hpp"
 
 namespace nereus {
@@ -25,25 +26,31 @@ std::vector<K> fused_group(const ModelConfig& c, K kind) {
 
 }  // namespace
 
-ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int g) {
+namespace {
+
+/// Where t's shard sits in its buffer, measured by `measure` (a weight box → the box the
+/// buffer stores of it): elements for the shards themselves, block scales for the scale
+/// buffers of FP8 units, which stack their parts in the same order.
+template <class Measure>
+ShardPlace place(const ModelSpec& m, TensorId t, const Layout& layout, int g, Measure measure) {
   const TensorInfo& info = m.tensor(t);
   const Range range = stage_range(m.config(), info, layout, g);
   const Box shard = slab_box(info, range);
-  if (layout.packing == Packing::hf) return {t, 0, shard};
+  if (layout.packing == Packing::hf) return {t, 0, measure(shard)};
   if (is_expert(info.kind)) {
     // vLLM's stacked experts: w13 = per local expert [gate rows; up rows], w2 = per local
     // expert [H, local Ie]; both named by the first local expert's gate or down.
     const std::int64_t first = group_experts(m.config(), layout, expert_group(layout, g).group).lo;
     const std::int64_t j = info.expert - first;
-    const std::int64_t block = range.size() * m.config().hidden;  // one local gate, up or down
+    const std::int64_t block = measure(shard).elements();  // one local gate, up or down
     const bool down = info.kind == K::expert_down;
     const TensorId lead = *m.find(down ? K::expert_down : K::expert_gate, info.layer, static_cast<std::int32_t>(first));
     const std::int64_t base = down ? j * block : j * 2 * block + (info.kind == K::expert_up ? block : 0);
-    return {lead, base, shard};
+    return {lead, base, measure(shard)};
   }
   const int r = g % layout.tp;
   const auto group = fused_group(m.config(), info.kind);
-  if (group.empty()) return {t, 0, shard};
+  if (group.empty()) return {t, 0, measure(shard)};
   std::int64_t base = 0;
   TensorId first = t;
   for (std::size_t i = 0; i < group.size(); ++i) {
@@ -51,9 +58,19 @@ ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int
     if (i == 0) first = part_id;
     if (group[i] == info.kind) break;
     const TensorInfo& p = m.tensor(part_id);
-    base += slab_box(p, tp_range(m.config(), p, layout.tp, r)).elements();
+    base += measure(slab_box(p, tp_range(m.config(), p, layout.tp, r))).elements();
   }
-  return {first, base, shard};
+  return {first, base, measure(shard)};
+}
+
+}  // namespace
+
+ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int g) {
+  return place(m, t, layout, g, [](const Box& b) { return b; });
+}
+
+ShardPlace place_scale(const ModelSpec& m, TensorId t, const Layout& layout, int g) {
+  return place(m, t, layout, g, [&](const Box& b) { return fp8_scale_box(m.config(), b); });
 }
 
 bool shares_buffer(const ModelConfig& m, TensorKind kind, Packing packing) {
@@ -76,6 +93,12 @@ std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing) {
     }
   }
   return info.name;
+}
+
+std::string scale_buffer_name(const ModelSpec& m, TensorId buffer, Packing packing) {
+  std::string name = buffer_name(m, buffer, packing);
+  if (name.ends_with("weight")) name += "_scale_inv";  // q_proj.weight_scale_inv, w13_weight_scale_inv
+  return name;
 }
 
 }  // namespace nereus

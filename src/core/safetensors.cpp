@@ -90,6 +90,7 @@ std::string safetensors_dtype(DType t) {
     case DType::bf16: return "BF16";
     case DType::f16: return "F16";
     case DType::f32: return "F32";
+    case DType::e4m3: return "F8_E4M3";
   }
   return "?";
 }

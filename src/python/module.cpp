@@ -66,6 +66,7 @@ DLDataType dl_dtype(DType t) {
     case DType::bf16: return {kDLBfloat, 16, 1};
     case DType::f16: return {kDLFloat, 16, 1};
     case DType::f32: return {kDLFloat, 32, 1};
+    case DType::e4m3: return {kDLUInt, 8, 1};  // Debian's torch has no float8: the bytes as uint8
   }
   return {kDLFloat, 32, 1};
 }

@@ -162,10 +162,10 @@ BoundTransition Executor::bind(std::span<const Transfer> transfers, const Collec
     const bool send_here = owner_of_(t.src) == options_.self && t.src != t.dst &&
                            link_path(false, dst_here, to_dst, options_) == LinkPath::message;
     if (!dst_here && !send_here) continue;
-    // The planner counts FP8 destinations (sharding.md); the data path does not yet
-    // quantize or carry scales, so such a transition stops here, before any byte moves.
+    // The plan's FP8 transfers carry weight and scales as one; the executor moves element
+    // runs, so they reach it split (executable_transfers, fp8_moves.hpp).
     if (t.fp8 != Fp8Move::none)
-      throw Error(describe(t, i) + ": its destination holds FP8 (dtype=fp8); moving FP8 units is not built yet, only planning them");
+      throw Error(describe(t, i) + ": an FP8 transfer as planned; bind executable_transfers() of the plan instead");
     auto unit = unit_of.find(t.dst);
     if (unit == unit_of.end()) throw Error(describe(t, i) + ": destination device is not in the target collection");
     const BoundBuffer* src = table.find({t.source, t.src, t.src_view.buffer, t.slot});

@@ -110,7 +110,7 @@ void Participant::connect(const std::vector<PeerInfo>& peers) {
   eo.two_sided = c_.two_sided || (mixed_ && !nccl_);
   eo.rounds = c_.rounds;
   ex_ = std::make_unique<Executor>(cuda_ ? *cuda_ : static_cast<Transport&>(local_), &remote(), owner_, eo);
-  bound_ = std::make_unique<BoundTransition>(ex_->bind(p_.plan.transfers_touching(mine_), p_.target, store_.table()));
+  bound_ = std::make_unique<BoundTransition>(ex_->bind(store_.transfers(), p_.target, store_.table()));
 }
 
 void Participant::warm() const {

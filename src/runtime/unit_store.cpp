@@ -15,6 +15,8 @@
 
 #include "nereus/base/error.hpp"
 #include "nereus/core/fill.hpp"
+#include "nereus/core/fp8.hpp"
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/packing.hpp"
 #include "nereus/core/sharding.hpp"
 
@@ -26,7 +28,8 @@ std::uint64_t BufferSpec::bytes() const {
   return static_cast<std::uint64_t>(n) * width(dtype);
 }
 
-std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t side, std::span<const DeviceId> devices) {
+std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t side, std::span<const DeviceId> devices,
+                                           bool as_fp8) {
   const std::set<DeviceId> want(devices.begin(), devices.end());
   const ModelSpec& m = *c.model;
   std::vector<BufferSpec> out;
@@ -41,9 +44,24 @@ std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t si
           const ShardPlace p = place_shard(m, t, u.layout, g);
           parts[p.buffer].push_back({t, p.shard, p.base});
         }
-        for (const auto& [lead, ps] : parts)
-          for (Slot slot : c.slots())
-            out.push_back({{side, d, lead, slot}, slot_dtype(slot, m.tensor(lead).dtype), u.layout.packing, ps});
+        for (const auto& [lead, ps] : parts) {
+          // A buffer's parts are one fused group, so its first tensor says whether all are FP8.
+          const bool fp8 = (u.layout.fp8 || as_fp8) && quantizable(m.tensor(lead));
+          if (as_fp8 && !fp8) continue;
+          for (Slot slot : c.slots()) {
+            if (!fp8 || slot != Slot::param) {
+              if (!as_fp8) out.push_back({{side, d, lead, slot}, slot_dtype(slot, m.tensor(lead).dtype), u.layout.packing, ps});
+              continue;
+            }
+            out.push_back({{side, d, lead, Slot::param}, DType::e4m3, u.layout.packing, ps});
+            std::vector<BufferSpec::Part> scales;
+            for (const auto& p : ps) {
+              const ShardPlace q = place_scale(m, p.tensor, u.layout, g);
+              scales.push_back({p.tensor, q.shard, q.base});
+            }
+            out.push_back({{side, d, lead, Slot::scale}, DType::f32, u.layout.packing, std::move(scales)});
+          }
+        }
       }
   return out;
 }
@@ -102,10 +120,42 @@ void fill_part(const ModelSpec& m, const BufferSpec& b, const BufferSpec::Part& 
 
 }  // namespace
 
+namespace {
+
+bool holds_fp8(const BufferSpec& b) { return b.dtype == DType::e4m3 || b.key.slot == Slot::scale; }
+
+/// The bytes one part of an FP8 weight or scale buffer holds under the fill: its weight
+/// box quantized block by block (a scale part's weight box spans its blocks, which the
+/// block rule keeps inside the tensor's shard).
+std::vector<std::byte> fp8_part_bytes(const ModelSpec& m, const BufferSpec& b, const BufferSpec::Part& part) {
+  const TensorInfo& info = m.tensor(part.tensor);
+  const ModelConfig& cfg = m.config();
+  Box w = part.shard;
+  if (b.key.slot == Slot::scale)
+    for (int d = 0; d < 2; ++d) {
+      const std::int64_t block = cfg.fp8_block[static_cast<std::size_t>(d)];
+      w.dims[d] = {part.shard.dims[d].lo * block, std::min(part.shard.dims[d].hi * block, info.shape[d])};
+    }
+  std::vector<std::uint8_t> q(static_cast<std::size_t>(w.elements()));
+  std::vector<float> scales(static_cast<std::size_t>(fp8_scale_box(cfg, w).elements()));
+  fp8_fill(cfg, info, w, q.data(), scales.data());
+  std::vector<std::byte> out(b.key.slot == Slot::scale ? scales.size() * 4 : q.size());
+  std::memcpy(out.data(), b.key.slot == Slot::scale ? static_cast<const void*>(scales.data()) : q.data(), out.size());
+  return out;
+}
+
+}  // namespace
+
 void fill_buffer(const ModelSpec& m, const BufferSpec& b, std::byte* base) {
   for (const auto& part : b.parts) {
-    if (width(b.dtype) == 2) fill_part<2>(m, b, part, base);
-    else fill_part<4>(m, b, part, base);
+    if (holds_fp8(b)) {
+      const std::vector<std::byte> want = fp8_part_bytes(m, b, part);
+      std::memcpy(base + static_cast<std::size_t>(part.base) * width(b.dtype), want.data(), want.size());
+    } else if (width(b.dtype) == 2) {
+      fill_part<2>(m, b, part, base);
+    } else {
+      fill_part<4>(m, b, part, base);
+    }
   }
 }
 
@@ -113,16 +163,35 @@ FillCheck check_buffer(const ModelSpec& m, const BufferSpec& b, const std::byte*
   FillCheck res;
   res.buffers = 1;
   res.bytes = b.bytes();
+  auto differs = [&](const BufferSpec::Part& part, std::int64_t i0, std::int64_t j) {
+    const TensorInfo& info = m.tensor(part.tensor);
+    const bool scale = b.key.slot == Slot::scale;
+    res.first_error = "device " + std::to_string(b.key.device) + " " + (scale ? scale_name(info) : info.name) + "@" +
+                      std::string(to_string(scale ? Slot::param : b.key.slot)) + (scale ? " scale [" : " element [") +
+                      std::to_string(i0) + "," + std::to_string(j) + "] differs from the fill" +
+                      (b.dtype == DType::e4m3 ? " (FP8)" : "");
+    res.ok = false;
+  };
   const bool two = width(b.dtype) == 2;
-  for (const auto& part : b.parts)
+  for (const auto& part : b.parts) {
+    if (holds_fp8(b)) {
+      const std::vector<std::byte> want = fp8_part_bytes(m, b, part);
+      const std::byte* at = base + static_cast<std::size_t>(part.base) * width(b.dtype);
+      if (std::memcmp(at, want.data(), want.size()) == 0) continue;
+      std::size_t k = 0;
+      while (at[k] == want[k]) ++k;
+      const std::int64_t e = static_cast<std::int64_t>(k / width(b.dtype)), cols = part.shard.dims[1].size();
+      differs(part, part.shard.dims[0].lo + e / cols, part.shard.dims[1].lo + e % cols);
+      return res;
+    }
+    bool ok = true;
     for_each_fill_element(m, b, part, base, [&](const std::byte* p, std::uint64_t v, std::int64_t i0, std::int64_t j) {
       if (two ? Element<2>::equal(p, v) : Element<4>::equal(p, v)) return true;
-      res.first_error = "device " + std::to_string(b.key.device) + " " + m.tensor(part.tensor).name + "@" +
-                        std::string(to_string(b.key.slot)) + " element [" + std::to_string(i0) + "," + std::to_string(j) +
-                        "] differs from the fill";
-      res.ok = false;
-      return false;
+      differs(part, i0, j);
+      return ok = false;
     });
+    if (!ok) break;
+  }
   return res;
 }
 
@@ -134,6 +203,17 @@ UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std
     sources_.insert(sources_.end(), b.begin(), b.end());
   }
   targets_ = collection_buffers(plan.target(), kTargetSide, mine_);
+  moves_ = executable_transfers(plan, mine_);
+  if (moves_.quantize.empty()) return;
+  std::stable_sort(moves_.quantize.begin(), moves_.quantize.end(),
+                   [](const QuantizeTask& a, const QuantizeTask& b) { return a.source < b.source; });
+  // Staging for what our bf16 sources send to FP8 targets: only the buffers read.
+  std::set<BufferKey> read;
+  for (const QuantizeTask& q : moves_.quantize)
+    for (Slot s : {Slot::param, Slot::scale}) read.insert({quantized_side(q.source.side), q.source.device, q.source.buffer, s});
+  for (std::uint32_t c = 0; c < plan.sources().size(); ++c)
+    for (BufferSpec& b : collection_buffers(plan.sources()[c], quantized_side(c), mine_, true))
+      if (read.count(b.key)) staging_.push_back(std::move(b));
 }
 
 namespace {
@@ -183,20 +263,24 @@ void on_threads(unsigned threads, F work) {
 void UnitStore::allocate_and_fill(unsigned threads) {
   // Kept target buffers alias their source buffer: nothing to allocate or copy.
   std::map<BufferKey, BufferKey> alias;
-  for (const Transfer& t : plan_.transfers_touching(mine_))
+  if (quantizes() && kind_ != MemoryKind::host)
+    throw Error("quantizing bf16 into FP8 (a dtype=fp8 target read from a bf16 source) on GPU memory needs the GPU "
+                "quantizer, which is not built yet; host memory quantizes");
+  for (const Transfer& t : moves_.transfers)
     if (t.keep) alias[{kTargetSide, t.dst, t.dst_view.buffer, t.slot}] = {t.source, t.src, t.src_view.buffer, t.slot};
   std::map<DeviceId, std::uint64_t> need;
-  for (const auto& b : sources_) need[b.key.device] += (b.bytes() + 255) / 256 * 256;
+  for (const auto* list : {&sources_, &staging_})
+    for (const auto& b : *list) need[b.key.device] += (b.bytes() + 255) / 256 * 256;
   for (const auto& b : targets_)
     if (!alias.count(b.key)) need[b.key.device] += (b.bytes() + 255) / 256 * 256;
   for (DeviceId d : mine_)
     devices_[d] = make_device({kind_, d, capacity_ ? capacity_ : need[d] + (1 << 20), kind_ == MemoryKind::host ? arenas_ : nullptr,
                                static_cast<int>(d) % gpus_});
-  for (const auto* list : {&sources_, &targets_})
+  for (const auto* list : {&sources_, &staging_, &targets_})
     for (const auto& b : *list) {
       if (alias.count(b.key)) continue;
       memory_.push_back(devices_.at(b.key.device)->allocate(
-          b.bytes(), std::string(b.key.side == kTargetSide ? "target " : "source ") +
+          b.bytes(), std::string(b.key.side == kTargetSide ? "target " : is_quantized_side(b.key.side) ? "FP8 staging " : "source ") +
                          buffer_name(*plan_.target().model, b.key.buffer, b.packing) + "@" +
                          std::string(to_string(b.key.slot))));
       table_.bind(b.key, {reinterpret_cast<std::uint64_t>(memory_.back().data()), b.bytes(), self_, devices_.at(b.key.device)->kind()});
@@ -209,7 +293,12 @@ void UnitStore::allocate_and_fill(unsigned threads) {
   // take the page faults of first touch on its event loop, at several µs a page.
   const ModelSpec& m = *plan_.target().model;
   std::atomic<std::size_t> next{0};
-  const std::size_t jobs = sources_.size() + targets_.size();
+  // Staging is committed like a target: the quantize pass writes all of it, timed.
+  std::vector<const BufferSpec*> commit;
+  for (const auto* list : {&staging_, &targets_})
+    for (const auto& b : *list)
+      if (!alias.count(b.key)) commit.push_back(&b);
+  const std::size_t jobs = sources_.size() + commit.size();
   auto work = [&] {
     for (std::size_t i = next++; i < jobs; i = next++) {
       if (i < sources_.size() && kind_ != MemoryKind::host) {  // filled on the host, then uploaded
@@ -219,12 +308,43 @@ void UnitStore::allocate_and_fill(unsigned threads) {
         devices_.at(b.key.device)->upload(const_cast<std::byte*>(address(b)), staging.data(), staging.size());
       } else if (i < sources_.size()) {
         fill_buffer(m, sources_[i], const_cast<std::byte*>(address(sources_[i])));
-      } else if (const BufferSpec& t = targets_[i - sources_.size()]; !alias.count(t.key) && kind_ == MemoryKind::host) {
+      } else if (const BufferSpec& t = *commit[i - sources_.size()]; kind_ == MemoryKind::host) {
         commit_pages(const_cast<std::byte*>(address(t)), t.bytes());
       }
     }
   };
   on_threads(threads, [&](unsigned) { work(); });
+}
+
+void UnitStore::quantize(unsigned threads) {
+  const ModelSpec& m = *plan_.target().model;
+  const std::int64_t bo = m.config().fp8_block[0], bi = m.config().fp8_block[1];
+  // One source buffer's boxes on one thread: two targets may read overlapping boxes of it,
+  // whose common blocks would otherwise be written by two threads at once.
+  const auto& tasks = moves_.quantize;  // sorted by source buffer (constructor)
+  std::vector<std::pair<std::size_t, std::size_t>> groups;  // [first, last) of one buffer
+  for (std::size_t i = 0; i < tasks.size();) {
+    std::size_t j = i + 1;
+    while (j < tasks.size() && tasks[j].source == tasks[i].source) ++j;
+    groups.push_back({i, j});
+    i = j;
+  }
+  auto run = [&](const QuantizeTask& q) {
+    const TensorInfo& info = m.tensor(q.tensor);
+    const BufferKey staged{quantized_side(q.source.side), q.source.device, q.source.buffer, Slot::param};
+    const BufferKey scales{staged.side, staged.device, staged.buffer, Slot::scale};
+    const auto* from = reinterpret_cast<const std::byte*>(table_.find(q.source)->address);
+    auto* to = reinterpret_cast<std::uint8_t*>(table_.find(staged)->address);
+    auto* sc = reinterpret_cast<float*>(table_.find(scales)->address);
+    const fp8::Source type = info.dtype == DType::f32 ? fp8::Source::f32 : info.dtype == DType::f16 ? fp8::Source::f16 : fp8::Source::bf16;
+    fp8::quantize({from + q.weight.offset * width(info.dtype), type, q.box.dims[0].size(), q.box.dims[1].size(), q.weight.strides[0]},
+                  bo, bi, to + q.weight.offset, q.weight.strides[0], sc + q.scales.offset, q.scales.strides[0]);
+  };
+  std::atomic<std::size_t> next{0};
+  on_threads(threads, [&](unsigned) {
+    for (std::size_t g = next++; g < groups.size(); g = next++)
+      for (std::size_t i = groups[g].first; i < groups[g].second; ++i) run(tasks[i]);
+  });
 }
 
 const std::byte* UnitStore::address(const BufferSpec& b) const {
@@ -268,22 +388,26 @@ nlohmann::json UnitStore::dump(const std::string& dir) const {
     return a;
   };
   for (const BufferSpec& b : targets_) {
-    const std::string name = buffer_name(m, b.key.buffer, b.packing);
-    const std::string rel = std::to_string(b.key.device) + "/" + name + "@" + std::string(to_string(b.key.slot)) + ".bin";
+    // A scale buffer is written as the checkpoint's own tensor: `…weight_scale_inv`, slot param.
+    const bool scale = b.key.slot == Slot::scale;
+    const std::string name = (scale ? scale_buffer_name : buffer_name)(m, b.key.buffer, b.packing);
+    const std::string slot(to_string(scale ? Slot::param : b.key.slot));
+    const std::string rel = std::to_string(b.key.device) + "/" + name + "@" + slot + ".bin";
     fs::create_directories(fs::path(dir) / std::to_string(b.key.device));
     std::ofstream out(fs::path(dir) / rel, std::ios::binary);
     on_host(b, [&](const std::byte* at) { out.write(reinterpret_cast<const char*>(at), static_cast<std::streamsize>(b.bytes())); });
     if (!out) throw Error("cannot write " + (fs::path(dir) / rel).string());
     nlohmann::json e = {{"file", rel},
                         {"device", b.key.device},
-                        {"slot", std::string(to_string(b.key.slot))},
+                        {"slot", slot},
                         {"dtype", std::string(to_string(b.dtype))}};
     if (b.parts.size() == 1) {
       e["tensor"] = name;
       e["box"] = box_json(b.parts[0].shard);
     } else {  // a fused buffer: its parts in order instead of tensor/box
       auto parts = nlohmann::json::array();
-      for (const auto& p : b.parts) parts.push_back({{"tensor", m.tensor(p.tensor).name}, {"box", box_json(p.shard)}});
+      for (const auto& p : b.parts)
+        parts.push_back({{"tensor", scale ? scale_name(m.tensor(p.tensor)) : m.tensor(p.tensor).name}, {"box", box_json(p.shard)}});
       e["buffer"] = name;
       e["parts"] = std::move(parts);
     }

@@ -13,15 +13,17 @@
 
 namespace nereus {
 
-/// State slot of a tensor shard (sharding.md, "State slots").
-enum class Slot : std::uint8_t { param, master, exp_avg, exp_avg_sq };
+/// State slot of a tensor shard (sharding.md, "State slots"). `scale`: the float32 block
+/// scales (`weight_scale_inv`) of a weight a `dtype=fp8` unit holds as FP8, in block
+/// coordinates (sharding.md, "FP8"); never one of a collection's slots().
+enum class Slot : std::uint8_t { param, master, exp_avg, exp_avg_sq, scale };
 
 inline constexpr std::array<Slot, 4> kTrainSlots{Slot::param, Slot::master, Slot::exp_avg,
                                                  Slot::exp_avg_sq};
 inline constexpr std::array<Slot, 1> kParamSlots{Slot::param};
 
 std::string_view to_string(Slot s);
-/// Element type of a slot: the model dtype for param, float32 for optimizer state.
+/// Element type of a slot: the model dtype for param, float32 for optimizer state and scales.
 DType slot_dtype(Slot s, DType param_dtype);
 
 /// One replica of one model-stage: a layout and its ordered GPU list R (|R| = tp·pp·ep).

@@ -22,9 +22,21 @@ struct ShardPlace {
 /// position must hold t.
 ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int g);
 
+/// Where the block scales of quantizable t's shard sit in the scale buffer of a
+/// `dtype=fp8` unit: the same buffer (named by its first tensor), `base` counted in
+/// scales, `shard` the scale box (fp8_scale_box). A scale buffer stacks its parts' scale
+/// boxes in the order the weight buffer stacks their shards (vLLM's `weight_scale_inv`,
+/// `w13_weight_scale_inv`).
+ShardPlace place_scale(const ModelSpec& m, TensorId t, const Layout& layout, int g);
+
 /// Name of the local buffer that starts with tensor `buffer` under `packing`
 /// (e.g. "model.layers.3.self_attn.qkv_proj.weight", "model.layers.3.mlp.experts.w13_weight").
 std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing);
+
+/// Name of the scale buffer beside weight buffer `buffer` in a `dtype=fp8` unit: its
+/// name with "weight" → "weight_scale_inv" ("…q_b_proj.weight_scale_inv",
+/// "…mlp.experts.w13_weight_scale_inv").
+std::string scale_buffer_name(const ModelSpec& m, TensorId buffer, Packing packing);
 
 /// Whether tensors of `kind` share a local buffer with others under `packing`.
 bool shares_buffer(const ModelConfig& m, TensorKind kind, Packing packing);

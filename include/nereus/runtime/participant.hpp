@@ -131,6 +131,11 @@ class Participant {
   /// directly (shared memory), so that the first run's copies do not take those page
   /// faults inside UCX progress on the event loop. No UCX calls: run it off the loop.
   void warm() const;
+  /// Whether each run must first quantize (UnitStore::quantizes) and, before any peer's
+  /// run reads what it quantized, quantize(): the bf16 blocks of ours an FP8 target reads,
+  /// into the staging the peers get from. Touches only memory: run it off the loop.
+  bool quantizes() const { return store_.quantizes(); }
+  void quantize() { store_.quantize(c_.copy_threads); }
   /// Starts one run in the background; `done` is called with its outcome.
   void run(std::function<asio::awaitable<void>(RunResult)> done);
   /// Cancels a running run and waits up to `limit` for it; false when a transfer would not

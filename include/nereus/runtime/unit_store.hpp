@@ -12,12 +12,15 @@
 
 #include "nereus/plan/reshard.hpp"
 #include "nereus/runtime/buffers.hpp"
+#include "nereus/runtime/fp8_moves.hpp"
 #include "nereus/base/device.hpp"
 
 namespace nereus {
 
 /// One local buffer: its key, element type, packing and the (tensor, shard) parts it
-/// stacks by rows, each starting at `base` elements.
+/// stacks by rows, each starting at `base` elements. In a `dtype=fp8` unit a quantizable
+/// weight's buffer is `e4m3` and a `scale` buffer beside it stacks the parts' scale boxes
+/// (their `shard` in block coordinates, `base` in scales).
 struct BufferSpec {
   BufferKey key;
   DType dtype;
@@ -31,8 +34,11 @@ struct BufferSpec {
   std::uint64_t bytes() const;
 };
 
-/// Buffers of collection `c` (side = source index or kTargetSide) on `devices`.
-std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t side, std::span<const DeviceId> devices);
+/// Buffers of collection `c` (side = source index or kTargetSide) on `devices`; with
+/// `as_fp8`, only the FP8 weight and scale buffers `c` would hold were its layouts
+/// `dtype=fp8` (a source's quantized staging).
+std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t side, std::span<const DeviceId> devices,
+                                           bool as_fp8 = false);
 
 /// The outcome of checking buffers against the fill.
 struct FillCheck {
@@ -44,7 +50,8 @@ struct FillCheck {
   void merge(const FillCheck& o);
 };
 
-/// Writes the verification fill of sharding.md into one buffer at `base`.
+/// Writes the verification fill of sharding.md into one buffer at `base` (FP8 weight and
+/// scale buffers: the fill quantized, fp8_fill).
 void fill_buffer(const ModelSpec& m, const BufferSpec& b, std::byte* base);
 /// Checks one buffer at `base` against the fill.
 FillCheck check_buffer(const ModelSpec& m, const BufferSpec& b, const std::byte* base);
@@ -58,9 +65,18 @@ class UnitStore {
   UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std::size_t capacity, PeerId self,
             ArenaSource* arenas = nullptr, MemoryKind kind = MemoryKind::host, int gpus = 1);
 
-  /// Allocates source and target buffers (throws Error when a device's cap is too
+  /// Allocates source, staging and target buffers (throws Error when a device's cap is too
   /// small) and fills the sources. Kept target buffers are bound to their source memory.
   void allocate_and_fill(unsigned threads);
+  /// The transfers touching this process's devices as the executor binds them (FP8 ones
+  /// split into weight bytes and scales: fp8_moves.hpp).
+  const std::vector<Transfer>& transfers() const { return moves_.transfers; }
+  /// Whether a run must first quantize (a bf16 source of ours feeds an FP8 target).
+  bool quantizes() const { return !moves_.quantize.empty(); }
+  /// The quantize pass: every bf16 block of ours an FP8 target reads, quantized into the
+  /// staging buffers it is read from (sharding.md's quantizer, fp8.hpp), on `threads`
+  /// threads. Run before each run whose transfers read the staging; host memory only.
+  void quantize(unsigned threads);
   BufferTable& table() { return table_; }
   std::map<DeviceId, std::unique_ptr<Device>>& devices() { return devices_; }
   const std::vector<BufferSpec>& source_buffers() const { return sources_; }
@@ -90,7 +106,8 @@ class UnitStore {
   ArenaSource* arenas_ = nullptr;
   MemoryKind kind_ = MemoryKind::host;
   int gpus_ = 1;
-  std::vector<BufferSpec> sources_, targets_;
+  ExecutableTransfers moves_;
+  std::vector<BufferSpec> sources_, staging_, targets_;
   std::vector<DeviceBuffer> memory_;
   BufferTable table_;
 };
