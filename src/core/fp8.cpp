@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 namespace nereus::fp8 {
 
@@ -34,28 +39,29 @@ float half_to_float(std::uint16_t h) {
 
 }  // namespace
 
-std::uint8_t encode(float x) {
-  const std::uint32_t b = bits_of(x);
-  const std::uint8_t sign = static_cast<std::uint8_t>((b >> 31) << 7);
+namespace {
+
+/// encode() on float32 bits, without branches, so a row's loop vectorizes: every case is
+/// computed and the right one selected.
+inline std::uint8_t encode_bits(std::uint32_t b) {
+  const std::uint32_t sign = (b >> 24) & 0x80u;
   const std::uint32_t a = b & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7f;   // NaN, its sign kept
-  if (a >= bits_of(kMax)) return sign | 0x7e;  // ±inf and everything from 448 up: ±448
-  const int e32 = static_cast<int>(a >> 23) - 127;
-  if (e32 < -6) {
-    // Below the smallest normal 2^-6: multiples of 2^-9, rounded to nearest even (the
-    // product is exact; 8 · 2^-9 is the smallest normal, code 0x08, as it should be).
-    const float q = std::nearbyint(float_of(a) * 512.0f);
-    return sign | static_cast<std::uint8_t>(q);
-  }
-  // Normal: keep 3 of the 23 mantissa bits, rounding the other 20 to nearest even.
-  std::uint32_t m = (a & 0x7fffffu) >> 20;
-  const std::uint32_t rest = a & 0xfffffu;
-  int e = e32 + 7;
-  if (rest > 0x80000u || (rest == 0x80000u && (m & 1u))) ++m;
-  if (m == 8) m = 0, ++e;
-  // Below 448 nothing rounds past it (448 = 1.110·2^8 is the largest finite code, 0x7e).
-  return sign | static_cast<std::uint8_t>((e << 3) | static_cast<int>(m));
+  // Normal (|x| ≥ 2^-6): round the 23 mantissa bits to 3, nearest even, a carry moving into
+  // the exponent; then rebias the exponent from 127 to 7 (120 steps of 8 codes).
+  const std::uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  // Below 2^-6: multiples of 2^-9, i.e. |x|·512 rounded to the nearest even integer (the
+  // product is exact; adding 2^23 leaves an ulp of 1, so the float add rounds it). 8·2^-9 is
+  // the smallest normal, code 0x08, as it should be.
+  const std::uint32_t sub = bits_of(float_of(a) * 512.0f + 8388608.0f) - 0x4b000000u;
+  std::uint32_t code = a < 0x3c800000u ? sub : normal;  // 2^-6
+  code = a >= 0x43e00000u ? 0x7eu : code;               // 448 and up, ±inf: ±448
+  code = a > 0x7f800000u ? 0x7fu : code;                // NaN, its sign kept
+  return static_cast<std::uint8_t>(sign | code);
 }
+
+}  // namespace
+
+std::uint8_t encode(float x) { return encode_bits(bits_of(x)); }
 
 float decode(std::uint8_t q) {
   const bool negative = q & 0x80;
@@ -90,40 +96,205 @@ float load(Source type, const std::byte* p) {
 
 namespace {
 
-std::int64_t width_of(Source t) { return t == Source::f32 ? 4 : 2; }
+// The quantize pass's loops, eight elements at a time in GCC/Clang vector types (SSE2
+// pairs at the x86-64 baseline, NEON on aarch64): the same branchless arithmetic as
+// encode_bits, every case computed and the right one selected lane by lane.
+// Each helper is inlined into the one entry per source type, which is compiled for AVX-512
+// and AVX2 beside the baseline and picked at load time (GCC's target_clones), so no vector
+// crosses a call: hence no ABI concern (-Wpsabi) about passing them (and they go by reference).
+#pragma GCC diagnostic ignored "-Wpsabi"
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__)  // (a -march that has them: no clones)
+#define NEREUS_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define NEREUS_SIMD_CLONES
+#endif
+#define NEREUS_INLINE [[gnu::always_inline]] inline
+
+using u32x8 = std::uint32_t __attribute__((vector_size(32)));
+using i32x8 = std::int32_t __attribute__((vector_size(32)));
+using f32x8 = float __attribute__((vector_size(32)));
+using u16x8 = std::uint16_t __attribute__((vector_size(16)));
+using u8x8 = std::uint8_t __attribute__((vector_size(8)));
+
+/// Eight elements of type T from `p` (any alignment) as float32 bits.
+template <Source T>
+NEREUS_INLINE u32x8 load8(const std::byte* p) {
+  if constexpr (T == Source::f32) {
+    u32x8 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else if constexpr (T == Source::bf16) {
+    u16x8 h;
+    std::memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, u32x8) << 16;
+  } else {
+    u32x8 v;
+    for (int k = 0; k < 8; ++k) {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * k, 2);
+      v[k] = bits_of(half_to_float(h));
+    }
+    return v;
+  }
+}
+
+template <Source T>
+NEREUS_INLINE std::uint32_t load1(const std::byte* p) {
+  if constexpr (T == Source::f32) {
+    std::uint32_t b;
+    std::memcpy(&b, p, 4);
+    return b;
+  } else {
+    std::uint16_t h;
+    std::memcpy(&h, p, 2);
+    if constexpr (T == Source::bf16) return static_cast<std::uint32_t>(h) << 16;
+    else return bits_of(half_to_float(h));
+  }
+}
+
+NEREUS_INLINE u8x8 encode8(const u32x8& b) {
+  const u32x8 sign = (b >> 24) & 0x80u;
+  const u32x8 a = b & 0x7fffffffu;
+  const u32x8 normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  const u32x8 sub = reinterpret_cast<u32x8>(reinterpret_cast<f32x8>(a) * 512.0f + 8388608.0f) - 0x4b000000u;
+  // Signed compares (SSE2 has no unsigned ones): every |x| bit pattern is non-negative.
+  const i32x8 m = reinterpret_cast<i32x8>(a);
+  u32x8 code = m < 0x3c800000 ? sub : normal;
+  code = m >= 0x43e00000 ? 0x7eu : code;
+  code = m > 0x7f800000 ? 0x7fu : code;
+  return __builtin_convertvector(sign | code, u8x8);
+}
+
+/// Folds elements [lo, hi) of a row into m: the largest |x| bits among finite elements. For
+/// non-negative floats the bit patterns order as the values do, so an integer max finds it
+/// (signed: SSE2's compares; the patterns are non-negative).
+template <Source T>
+NEREUS_INLINE void amax_run(const std::byte* row, std::int64_t lo, std::int64_t hi, i32x8& m) {
+  constexpr std::int64_t w = T == Source::f32 ? 4 : 2;
+  std::int64_t j = lo;
+  for (; j + 8 <= hi; j += 8) {
+    const i32x8 a = reinterpret_cast<i32x8>(load8<T>(row + j * w) & 0x7fffffffu);
+    const i32x8 v = a < 0x7f800000 ? a : 0;  // inf and NaN do not count
+    m = v > m ? v : m;
+  }
+  for (; j < hi; ++j) {
+    const auto a = static_cast<std::int32_t>(load1<T>(row + j * w) & 0x7fffffffu);
+    m[0] = std::max(m[0], a < 0x7f800000 ? a : 0);
+  }
+}
+
+NEREUS_INLINE std::uint32_t lanes_max(const i32x8& m) {
+  std::int32_t best = 0;
+  for (int k = 0; k < 8; ++k) best = std::max(best, m[k]);
+  return static_cast<std::uint32_t>(best);
+}
+
+/// Elements [lo, hi) of a row, times r, encoded into to[lo, hi); NaN as it is (its sign).
+/// x·r never overflows: |x| ≤ amax.
+template <Source T>
+NEREUS_INLINE void encode_run(const std::byte* row, std::int64_t lo, std::int64_t hi, float r, std::uint8_t* to) {
+  constexpr std::int64_t w = T == Source::f32 ? 4 : 2;
+  std::int64_t j = lo;
+  for (; j + 8 <= hi; j += 8) {
+    const u32x8 x = load8<T>(row + j * w);
+    const u32x8 y = reinterpret_cast<u32x8>(reinterpret_cast<f32x8>(x) * r);
+    const u8x8 q = encode8(reinterpret_cast<i32x8>(x & 0x7fffffffu) > 0x7f800000 ? x : y);
+    std::memcpy(to + j, &q, 8);
+  }
+  for (; j < hi; ++j) {
+    const std::uint32_t x = load1<T>(row + j * w);
+    to[j] = encode_bits((x & 0x7fffffffu) > 0x7f800000u ? x : bits_of(float_of(x) * r));
+  }
+}
+
+template <Source T>
+NEREUS_INLINE std::uint32_t amax_bits(const Region& r) {
+  constexpr std::int64_t w = T == Source::f32 ? 4 : 2;
+  i32x8 m = {};
+  for (std::int64_t i = 0; i < r.rows; ++i) amax_run<T>(r.data + i * r.stride * w, 0, r.cols, m);
+  return lanes_max(m);
+}
+
+/// A band of bo rows at a time, read twice row by row (the way memory streams, rather than
+/// block by block down the rows): every block's amax, then its bytes.
+template <Source T>
+NEREUS_INLINE void quantize_as(const Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out, std::int64_t out_stride,
+                               float* scales, std::int64_t scale_stride) {
+  constexpr std::int64_t w = T == Source::f32 ? 4 : 2;
+  const std::int64_t blocks = (region.cols + bi - 1) / bi;
+  std::vector<float> r(static_cast<std::size_t>(blocks));
+  std::vector<std::int32_t> best(static_cast<std::size_t>(blocks) * 8);  // a block's lanes (no over-aligned vector in a std::vector)
+  for (std::int64_t i0 = 0; i0 < region.rows; i0 += bo) {
+    const std::int64_t i1 = std::min(region.rows, i0 + bo);
+    std::fill(best.begin(), best.end(), 0);
+    for (std::int64_t i = i0; i < i1; ++i)
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        i32x8 m;
+        std::memcpy(&m, &best[static_cast<std::size_t>(b) * 8], sizeof m);
+        amax_run<T>(region.data + i * region.stride * w, b * bi, std::min(region.cols, (b + 1) * bi), m);
+        std::memcpy(&best[static_cast<std::size_t>(b) * 8], &m, sizeof m);
+      }
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      i32x8 m;
+      std::memcpy(&m, &best[static_cast<std::size_t>(b) * 8], sizeof m);
+      const float s = std::max(float_of(lanes_max(m)), kAmaxFloor) / kMax;
+      r[static_cast<std::size_t>(b)] = 1.0f / s;  // float32, as the references compute it
+      scales[(i0 / bo) * scale_stride + b] = s;
+    }
+    for (std::int64_t i = i0; i < i1; ++i)
+      for (std::int64_t b = 0; b < blocks; ++b)
+        encode_run<T>(region.data + i * region.stride * w, b * bi, std::min(region.cols, (b + 1) * bi), r[static_cast<std::size_t>(b)],
+                      out + i * out_stride);
+  }
+}
+
+/// Flushes subnormal floats to zero while it lives (x86: MXCSR's FTZ and DAZ). Nothing the
+/// quantizer computes changes: a subnormal float32 input or product is below 2^-126, far
+/// under half of e4m3's smallest step (2^-9), so it encodes as a signed zero either way,
+/// and amax is found on integer bits. But x86 takes a microcode assist of ~100 cycles on
+/// each subnormal operand or result, and a block whose amax is large makes most products
+/// of its small elements subnormal.
+class FlushSubnormals {
+ public:
+#if defined(__SSE__)
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
+#define NEREUS_QUANTIZE_ENTRY(T)                                                                             \
+  NEREUS_SIMD_CLONES void quantize_##T(const Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out,     \
+                                       std::int64_t out_stride, float* scales, std::int64_t scale_stride) {          \
+    const FlushSubnormals flush;                                                                                     \
+    quantize_as<Source::T>(region, bo, bi, out, out_stride, scales, scale_stride);                                   \
+  }                                                                                                                  \
+  NEREUS_SIMD_CLONES std::uint32_t amax_##T(const Region& r) { return amax_bits<Source::T>(r); }
+NEREUS_QUANTIZE_ENTRY(bf16)
+NEREUS_QUANTIZE_ENTRY(f16)
+NEREUS_QUANTIZE_ENTRY(f32)
 
 }  // namespace
 
 float scale_inv(const Region& r) {
-  const std::int64_t w = width_of(r.type);
-  float amax = 0;
-  for (std::int64_t i = 0; i < r.rows; ++i) {
-    const std::byte* row = r.data + i * r.stride * w;
-    for (std::int64_t j = 0; j < r.cols; ++j) {
-      const float x = load(r.type, row + j * w);
-      if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
-    }
+  std::uint32_t m = 0;
+  switch (r.type) {
+    case Source::bf16: m = amax_bf16(r); break;
+    case Source::f16: m = amax_f16(r); break;
+    case Source::f32: m = amax_f32(r); break;
   }
-  return std::max(amax, kAmaxFloor) / kMax;
+  return std::max(float_of(m), kAmaxFloor) / kMax;
 }
 
 void quantize(const Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out, std::int64_t out_stride,
               float* scales, std::int64_t scale_stride) {
-  const std::int64_t w = width_of(region.type);
-  for (std::int64_t i0 = 0; i0 < region.rows; i0 += bo)
-    for (std::int64_t j0 = 0; j0 < region.cols; j0 += bi) {
-      const Region block{region.data + (i0 * region.stride + j0) * w, region.type, std::min(bo, region.rows - i0),
-                         std::min(bi, region.cols - j0), region.stride};
-      const float s = scale_inv(block);
-      const float r = 1.0f / s;  // float32, as the references compute it
-      scales[(i0 / bo) * scale_stride + j0 / bi] = s;
-      for (std::int64_t i = 0; i < block.rows; ++i)
-        for (std::int64_t j = 0; j < block.cols; ++j)
-          {
-            const float x = load(region.type, block.data + (i * region.stride + j) * w);
-            out[(i0 + i) * out_stride + j0 + j] = encode(std::isnan(x) ? x : x * r);  // NaN as it is: its sign
-          }
-    }
+  switch (region.type) {
+    case Source::bf16: return quantize_bf16(region, bo, bi, out, out_stride, scales, scale_stride);
+    case Source::f16: return quantize_f16(region, bo, bi, out, out_stride, scales, scale_stride);
+    case Source::f32: return quantize_f32(region, bo, bi, out, out_stride, scales, scale_stride);
+  }
 }
 
 }  // namespace nereus::fp8

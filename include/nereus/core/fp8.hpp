@@ -3,9 +3,9 @@
 // float8_e4m3fn (1 sign bit, 4 exponent bits with bias 7, 3 mantissa bits; no infinities,
 // S.1111.111 is NaN; the largest finite value is 448) and the per-block scale DeepGEMM's
 // and vLLM's per_block_cast_to_fp8 produce. Written once, on the host, for bytes that must
-// match bit for bit: the verification fill of FP8 units (fp8_fill) uses it today; the
-// executor's host path, which does not move FP8 yet, is to use it too. Dependency-free so
-// a CUDA kernel can include it for the same arithmetic.
+// match bit for bit: the verification fill of FP8 units (fp8_fill) and the quantize pass
+// of a bf16 → FP8 transition (UnitStore::quantize) use it. Dependency-free so a CUDA
+// kernel can include it for the same arithmetic.
 #include <cstddef>
 #include <cstdint>
 
