@@ -209,7 +209,7 @@ for procs in (2, 4):
     check(j.get("verified_sources") is True and 0 < j.get("failure_detected_seconds", -1) < 20,
           f"ucx-tag --procs {procs}: survivors' sources verify, failure known in {j.get('failure_detected_seconds')} s")
 
-# Bad input.
+# Bad input: refused before anything runs, exit 2 (a run that fails exits 1).
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--capacity", "1MiB"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 1 and "cannot allocate" in p.stderr, f"capacity too small: one clear error ({p.stderr.strip()})")
@@ -218,7 +218,7 @@ check(p.returncode == 1 and "cannot allocate" in p.stderr, f"capacity too small:
 for extra in [[], ["--transport", "ucx", "--procs", "2"]]:
     p = subprocess.run([NEREUS, "bench", "transition", "--model", "qwen3-235b-a22b", "--from", "tp=8,pp=1,dp=1", "--to",
                         "tp=4,pp=2,dp=1", *extra], capture_output=True, text=True, timeout=60)
-    check(p.returncode == 1 and "of host memory but this machine has" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+    check(p.returncode == 2 and "of host memory but this machine has" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
           f"units beyond the machine's memory {extra}: one clear error ({p.stderr.strip()[-300:]})")
 # GPU units where no GPU is (this machine; the GPU suite runs them where one is): one line.
 for extra, flag in [(["--transport", "cuda"], "--transport cuda: "), (["--transport", "cuda", "--procs", "2"], "--transport cuda: "),
@@ -226,7 +226,7 @@ for extra, flag in [(["--transport", "cuda"], "--transport cuda: "), (["--transp
                     (["--transport", "nccl"], "--transport nccl: "), (["--transport", "nccl", "--procs", "2"], "--transport nccl: ")]:
     p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                         "tp=1,pp=1,dp=2", *extra], capture_output=True, text=True, timeout=60)
-    check(p.returncode == 1 and flag in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+    check(p.returncode == 2 and flag in p.stderr and len(p.stderr.strip().splitlines()) == 1,
           f"{extra} without a GPU: one clear error ({p.stderr.strip()[-300:]})")
 # Emulated machines and what crosses them are for GPU memory beside CUDA IPC: one line each.
 for extra, want in [(["--transport", "ucx", "--procs", "2", "--nodes", "2"], "--nodes emulates machines"),
@@ -234,13 +234,13 @@ for extra, want in [(["--transport", "ucx", "--procs", "2", "--nodes", "2"], "--
                     (["--transport", "auto", "--procs", "2", "--nodes", "3"], "--nodes 3 must be between 1 and --procs (2)")]:
     p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                         "tp=1,pp=1,dp=2", *extra], capture_output=True, text=True, timeout=60)
-    check(p.returncode == 1 and want in p.stderr and len(p.stderr.strip().splitlines()) == 1, f"{extra}: one clear error ({p.stderr.strip()})")
+    check(p.returncode == 2 and want in p.stderr and len(p.stderr.strip().splitlines()) == 1, f"{extra}: one clear error ({p.stderr.strip()})")
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--procs", "2"], capture_output=True, text=True, timeout=60)
-check(p.returncode == 1 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")
+check(p.returncode == 2 and "--transport ucx" in p.stderr, f"local with --procs 2 refused ({p.stderr.strip()})")
 p = subprocess.run([NEREUS, "bench", "transition", "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to",
                     "tp=1,pp=1,dp=2", "--transport", "local", "--daemons", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
-check(p.returncode == 1 and "--transport local" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+check(p.returncode == 2 and "--transport local" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
       f"local with --daemons refused in one line, before any daemon is asked ({p.stderr.strip()})")
 
 finish("bench")

@@ -28,10 +28,11 @@ def plan_json(*args):
     return json.loads(out) if rc == 0 else {}
 
 
-def expect_error(args, needle):
+def expect_error(args, needle, code=2):
+    """One error line naming `needle`; exit 2 where the input is refused before anything ran."""
     rc, out, err = run(*args)
     lines = [l for l in err.strip().splitlines() if l]
-    check(rc not in (0,) and rc > 0, f"{args}: non-zero exit without a signal (rc={rc})")
+    check(rc == code, f"{args}: exit {code} (rc={rc})")
     check(len(lines) == 1 and needle in lines[0], f"{args}: one error line naming {needle!r}, got {err!r}")
 
 

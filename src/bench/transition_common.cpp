@@ -190,6 +190,7 @@ void write_transfer_outputs(const TransitionConfig& c, const TransferLabels& lab
 }
 
 Prepared prepare(const TransitionConfig& c) {
+  return refusing_input([&] {  // nothing runs before this returns
   if (c.transport != "local" && c.transport != "ucx" && c.transport != "ucx-tag" && c.transport != "auto" && c.transport != "cuda" &&
       c.transport != "nccl")
     throw Error("--transport " + c.transport + " is not one of: local, ucx, ucx-tag, auto, cuda, nccl");
@@ -215,10 +216,12 @@ Prepared prepare(const TransitionConfig& c) {
   if (c.procs > static_cast<int>(p.devices.size()))
     throw Error("--procs " + std::to_string(c.procs) + " exceeds the " + std::to_string(p.devices.size()) + " devices");
   return p;
+  });
 }
 
 void check_host_memory(const Prepared& p) {
-  std::uint64_t need = p.plan.summary().target_bytes - p.plan.summary().kept_bytes;
+  // Targets not kept in place, and (at most) the FP8 staging the senders quantize into.
+  std::uint64_t need = p.plan.summary().target_bytes - p.plan.summary().kept_bytes + p.plan.summary().quantized_bytes;
   for (const Collection& c : p.plan.sources()) {
     UnitGeometry geo(c.model);
     for (const Emu& u : c.units)
@@ -227,7 +230,7 @@ void check_host_memory(const Prepared& p) {
   }
   const std::uint64_t free = host_memory_available();
   if (free > 0 && need > free)
-    throw Error("the units need " + human_bytes(need) + " of host memory but this machine has " + human_bytes(free) +
+    throw InputError("the units need " + human_bytes(need) + " of host memory but this machine has " + human_bytes(free) +
                 " available: use a smaller model or fewer replicas, or run across machines (--daemons)");
 }
 

@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // --log-level also after the subcommand
   app.add_option("--log-level", "error | warn | info | debug | trace (default warn, or $NEREUS_LOG); info shows the controller's decisions")
-      ->each([](const std::string& v) { nereus::set_log_level(nereus::parse_log_level(v)); });
+      ->each([](const std::string& v) { nereus::refusing_input([&] { nereus::set_log_level(nereus::parse_log_level(v)); }); });
   nereus::cli::add_plan_command(app);
   nereus::cli::add_model_command(app);
   nereus::cli::add_presets_command(app);
@@ -28,6 +28,9 @@ int main(int argc, char** argv) {
     return e.get_exit_code();  // the command printed its own error
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const nereus::InputError& e) {  // refused before anything ran
+    std::fprintf(stderr, "nereus: error: %s\n", e.what());
+    return 2;
   } catch (const nereus::Error& e) {
     std::fprintf(stderr, "nereus: error: %s\n", e.what());
     return 1;

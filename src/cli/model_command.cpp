@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "nereus/base/error.hpp"
 #include "nereus/core/presets.hpp"
 #include "nereus/core/safetensors.hpp"
 #include "output.hpp"
@@ -99,7 +100,7 @@ void add_model_command(CLI::App& app) {
   cmd->add_option("--weights", args->weights, ".safetensors file or model.safetensors.index.json to check");
   cmd->add_flag("--tensors", args->tensors, "list every tensor");
   cmd->add_flag("--json", args->json, "print one JSON object");
-  cmd->callback([args] { run_model(*args); });
+  cmd->callback([args] { refusing_input([&] { run_model(*args); }); });
 }
 
 void add_presets_command(CLI::App& app) {

@@ -151,6 +151,22 @@ void run_plan(const PlanArgs& a) {
   }
 }
 
+/// `nereus plan`: one collection's reshard, or (--job) a whole job's transition.
+void run_plan_command(PlanArgs& args, JobPlanArgs& job) {
+  if (!job.job.empty()) {
+    if (!args.model.empty() || !args.from.empty() || !args.to.empty())
+      throw Error("--job plans a whole job: give --from-plan/--to-plan instead of --model/--from/--to");
+    job.cluster = args.cluster;
+    job.json = args.json;
+    job.gpus_per_node = args.gpus_per_node;
+    run_job_plan(job);
+    return;
+  }
+  if (args.model.empty() || args.from.empty() || args.to.empty())
+    throw Error("plan needs --model, --from and --to (or --job, --from-plan and --to-plan)");
+  run_plan(args);
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
@@ -182,20 +198,7 @@ void add_plan_command(CLI::App& app) {
       ->group(g);
   cmd->add_option("--stale", job->stale, "model-stages whose params a weight sync replaces before the switch")->group(g);
   cmd->add_flag("--nodes", job->nodes, "list every node with its edges (and, with --json, per-GPU memory)")->group(g);
-  cmd->callback([args, job] {
-    if (!job->job.empty()) {
-      if (!args->model.empty() || !args->from.empty() || !args->to.empty())
-        throw Error("--job plans a whole job: give --from-plan/--to-plan instead of --model/--from/--to");
-      job->cluster = args->cluster;
-      job->json = args->json;
-      job->gpus_per_node = args->gpus_per_node;
-      run_job_plan(*job);
-      return;
-    }
-    if (args->model.empty() || args->from.empty() || args->to.empty())
-      throw Error("plan needs --model, --from and --to (or --job, --from-plan and --to-plan)");
-    run_plan(*args);
-  });
+  cmd->callback([args, job] { refusing_input([&] { run_plan_command(*args, *job); }); });  // planning only reads its input
 }
 
 }  // namespace nereus::cli

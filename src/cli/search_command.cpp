@@ -81,7 +81,7 @@ void add_search_command(CLI::App& app) {
   cmd->add_option("--response-p95", a->response_p95, "95th percentile response length (default 1.2x the mean)");
   cmd->add_flag("--exhaustive", a->exhaustive, "try every combination instead (small cases only)");
   cmd->add_flag("--json", a->json, "print one JSON object");
-  cmd->callback([a] { run_search(*a); });
+  cmd->callback([a] { refusing_input([&] { run_search(*a); }); });
 }
 
 }  // namespace nereus::cli

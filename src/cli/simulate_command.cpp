@@ -157,7 +157,7 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--perfetto", a->perfetto, "write a Perfetto timeline (steps, transitions, failures, decisions) to FILE");
   cmd->add_flag("--json", a->json, "print one JSON object (per policy); no progress line");
   cmd->add_flag("--quiet", a->quiet, "no progress line on the terminal");
-  cmd->callback([a] { run_simulate(*a); });
+  cmd->callback([a] { refusing_input([&] { run_simulate(*a); }); });
 }
 
 }  // namespace nereus::cli
