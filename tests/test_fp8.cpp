@@ -17,6 +17,7 @@
 #include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/model.hpp"
 #include "test_util.hpp"
+#include "../src/transport/fp8_quantize.hpp"
 
 using namespace nereus;
 
@@ -221,4 +222,45 @@ TEST_CASE("fp8: an FP8 unit's verification fill is the param fill quantized bloc
   }
   CHECK(boxes > 10);
   CHECK(nonfinite_blocks > 0);  // the fill's random bits hold NaN and inf: their rule is exercised
+}
+
+TEST_CASE("fp8: the GPU quantizer's threads, run on the host, write the host quantizer's bytes and scales") {
+  // The kernels' per-thread code (src/transport/fp8_quantize.hpp) over every thread of a
+  // launch of `threads`, in order; the GPU suite runs the same on a GPU.
+  std::mt19937 rng(29);
+  for (int round = 0; round < testing::cases(80, 20); ++round) {
+    const std::int64_t rows = std::uniform_int_distribution<std::int64_t>(1, 90)(rng);
+    const std::int64_t cols = std::uniform_int_distribution<std::int64_t>(1, 90)(rng);
+    const std::int64_t bo = std::uniform_int_distribution<std::int64_t>(1, 40)(rng);
+    const std::int64_t bi = std::uniform_int_distribution<std::int64_t>(1, 40)(rng);
+    const std::int64_t stride = cols + std::uniform_int_distribution<std::int64_t>(0, 3)(rng);
+    const auto type = static_cast<fp8::Source>(round % 3);
+    const std::int64_t w = type == fp8::Source::f32 ? 4 : 2;
+    std::vector<unsigned char> src(static_cast<std::size_t>(rows * stride * w));
+    for (auto& b : src) b = static_cast<unsigned char>(rng());  // any bits: NaN, inf, subnormals included
+    const std::int64_t sr = (rows + bo - 1) / bo, sc = (cols + bi - 1) / bi;
+    std::vector<std::uint8_t> want(static_cast<std::size_t>(rows * cols)), got(want.size());
+    std::vector<float> want_s(static_cast<std::size_t>(sr * sc)), got_s(want_s.size(), -1.0f);
+    fp8::quantize({reinterpret_cast<const std::byte*>(src.data()), type, rows, cols, stride}, bo, bi, want.data(), cols, want_s.data(), sc);
+    std::vector<int> amax(static_cast<std::size_t>(sr * sc), 0);
+    detail::Fp8QuantizeArgs a;
+    a.src = src.data();
+    a.type = type;
+    a.rows = rows;
+    a.cols = cols;
+    a.stride = stride;
+    a.bo = bo;
+    a.bi = bi;
+    a.out = got.data();
+    a.out_stride = cols;
+    a.scales = got_s.data();
+    a.scale_stride = sc;
+    a.amax = amax.data();
+    const std::uint64_t threads = std::uniform_int_distribution<std::uint64_t>(1, 300)(rng);
+    for (std::uint64_t t = 0; t < threads; ++t) detail::fp8_amax_thread(a, t, threads);
+    for (std::uint64_t t = 0; t < threads; ++t) detail::fp8_encode_thread(a, t, threads);
+    CAPTURE(round);
+    CHECK(got == want);
+    CHECK(std::memcmp(got_s.data(), want_s.data(), got_s.size() * 4) == 0);
+  }
 }

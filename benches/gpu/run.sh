@@ -64,6 +64,11 @@ staged=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp
         --procs 2 --verify --repeat 5 --json --quiet)
 staged_json=$(timeout "$(limit 90)" "$here/nereus" "${staged[@]}" 2>&1 | tail -1)
 step staged_json "$staged_json"
+# bf16 -> FP8 in GPU memory: the GPU quantizer on the senders, every byte and scale verified.
+fp8=(bench transition --model llama-3.2-1b --from tp=1,pp=1,dp=1 --to tp=2,pp=1,dp=1,devices=1-2,dtype=fp8 --transport cuda
+     --verify --repeat 5 --json --quiet)
+fp8_json=$(timeout "$(limit 90)" "$here/nereus" "${fp8[@]}" 2>&1 | tail -1)
+step fp8_json "$fp8_json"
 nccl=(bench transition --model llama-3.2-1b --from tp=4,pp=1,dp=1 --to tp=2,pp=1,dp=2 --transport nccl --verify --repeat 5
       --json --quiet)
 nccl_one=$(timeout "$(limit 90)" "$here/nereus" "${nccl[@]}" 2>&1 | tail -1)
@@ -141,7 +146,7 @@ else
   py_json='{"not_packed": "no Python 3.12 where the pack was built"}'
 fi
 step python "$py_json"
-python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" "$daemons_job" "$daemons_job2" "$member_json" "$member2_json" <<'PY'
+python3 - "$suite_rc" "$suite_log" "$bench_json" "$one_json" "$two_json" "$staged_json" "$nccl_one" "$nccl_two" "${NEREUS_NCCL_LIBRARY:-none found}" "$mixed_json" "$daemons_ipc" "$daemons_staged" "$py_json" "$daemons_job" "$daemons_job2" "$member_json" "$member2_json" "$fp8_json" <<'PY'
 import json, sys
 rc, log = int(sys.argv[1]), open(sys.argv[2]).read()
 def parsed(text):
@@ -158,7 +163,8 @@ mixed = parsed(sys.argv[10])
 daemons = {"ipc": parsed(sys.argv[11]), "staged_ucx_tag": parsed(sys.argv[12]), "job": parsed(sys.argv[14]),
            "job_two_machines": parsed(sys.argv[15]), "member": parsed(sys.argv[16]), "member_two_machines": parsed(sys.argv[17])}
 python = parsed(sys.argv[13])
+fp8 = parsed(sys.argv[18])
 print(json.dumps({"suite": {"rc": rc, "tail": log[-2000:]}, "bench": bench, "ipc": ipc, "staged_ucx_tag": staged, "nccl": nccl,
-                  "mixed": mixed, "daemons": daemons, "python": python}))
+                  "mixed": mixed, "daemons": daemons, "python": python, "fp8_quantize_on_gpu": fp8}))
 PY
 rm -f "$suite_log"

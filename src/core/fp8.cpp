@@ -11,56 +11,6 @@
 
 namespace nereus::fp8 {
 
-namespace {
-
-std::uint32_t bits_of(float x) {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
-float float_of(std::uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
-/// IEEE half (binary16) to float32.
-float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0x1f) return float_of(sign | 0x7f800000u | (man << 13));  // inf, NaN
-  if (exp == 0) {                                                     // zero, subnormal: man · 2^-24
-    const float v = static_cast<float>(man) * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-  }
-  return float_of(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-}  // namespace
-
-namespace {
-
-/// encode() on float32 bits, without branches, so a row's loop vectorizes: every case is
-/// computed and the right one selected.
-inline std::uint8_t encode_bits(std::uint32_t b) {
-  const std::uint32_t sign = (b >> 24) & 0x80u;
-  const std::uint32_t a = b & 0x7fffffffu;
-  // Normal (|x| ≥ 2^-6): round the 23 mantissa bits to 3, nearest even, a carry moving into
-  // the exponent; then rebias the exponent from 127 to 7 (120 steps of 8 codes).
-  const std::uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-  // Below 2^-6: multiples of 2^-9, i.e. |x|·512 rounded to the nearest even integer (the
-  // product is exact; adding 2^23 leaves an ulp of 1, so the float add rounds it). 8·2^-9 is
-  // the smallest normal, code 0x08, as it should be.
-  const std::uint32_t sub = bits_of(float_of(a) * 512.0f + 8388608.0f) - 0x4b000000u;
-  std::uint32_t code = a < 0x3c800000u ? sub : normal;  // 2^-6
-  code = a >= 0x43e00000u ? 0x7eu : code;               // 448 and up, ±inf: ±448
-  code = a > 0x7f800000u ? 0x7fu : code;                // NaN, its sign kept
-  return static_cast<std::uint8_t>(sign | code);
-}
-
-}  // namespace
-
 std::uint8_t encode(float x) { return encode_bits(bits_of(x)); }
 
 float decode(std::uint8_t q) {
@@ -83,7 +33,7 @@ float load(Source type, const std::byte* p) {
     case Source::f16: {
       std::uint16_t h;
       std::memcpy(&h, p, 2);
-      return half_to_float(h);
+      return float_of(half_bits(h));
     }
     case Source::f32: {
       float x;
@@ -132,7 +82,7 @@ NEREUS_INLINE u32x8 load8(const std::byte* p) {
     for (int k = 0; k < 8; ++k) {
       std::uint16_t h;
       std::memcpy(&h, p + 2 * k, 2);
-      v[k] = bits_of(half_to_float(h));
+      v[k] = half_bits(h);
     }
     return v;
   }
@@ -148,7 +98,7 @@ NEREUS_INLINE std::uint32_t load1(const std::byte* p) {
     std::uint16_t h;
     std::memcpy(&h, p, 2);
     if constexpr (T == Source::bf16) return static_cast<std::uint32_t>(h) << 16;
-    else return bits_of(half_to_float(h));
+    else return half_bits(h);
   }
 }
 
@@ -203,7 +153,7 @@ NEREUS_INLINE void encode_run(const std::byte* row, std::int64_t lo, std::int64_
   }
   for (; j < hi; ++j) {
     const std::uint32_t x = load1<T>(row + j * w);
-    to[j] = encode_bits((x & 0x7fffffffu) > 0x7f800000u ? x : bits_of(float_of(x) * r));
+    to[j] = encode_bits(scaled_bits(x, r));
   }
 }
 
@@ -237,7 +187,7 @@ NEREUS_INLINE void quantize_as(const Region& region, std::int64_t bo, std::int64
     for (std::int64_t b = 0; b < blocks; ++b) {
       i32x8 m;
       std::memcpy(&m, &best[static_cast<std::size_t>(b) * 8], sizeof m);
-      const float s = std::max(float_of(lanes_max(m)), kAmaxFloor) / kMax;
+      const float s = scale_of(lanes_max(m));
       r[static_cast<std::size_t>(b)] = 1.0f / s;  // float32, as the references compute it
       scales[(i0 / bo) * scale_stride + b] = s;
     }
@@ -285,7 +235,7 @@ float scale_inv(const Region& r) {
     case Source::f16: m = amax_f16(r); break;
     case Source::f32: m = amax_f32(r); break;
   }
-  return std::max(float_of(m), kAmaxFloor) / kMax;
+  return scale_of(m);
 }
 
 void quantize(const Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out, std::int64_t out_stride,

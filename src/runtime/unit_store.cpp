@@ -19,6 +19,7 @@
 #include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/packing.hpp"
 #include "nereus/core/sharding.hpp"
+#include "nereus/transport/cuda.hpp"
 
 namespace nereus {
 
@@ -263,9 +264,6 @@ void on_threads(unsigned threads, F work) {
 void UnitStore::allocate_and_fill(unsigned threads) {
   // Kept target buffers alias their source buffer: nothing to allocate or copy.
   std::map<BufferKey, BufferKey> alias;
-  if (quantizes() && kind_ != MemoryKind::host)
-    throw Error("quantizing bf16 into FP8 (a dtype=fp8 target read from a bf16 source) on GPU memory needs the GPU "
-                "quantizer, which is not built yet; host memory quantizes");
   for (const Transfer& t : moves_.transfers)
     if (t.keep) alias[{kTargetSide, t.dst, t.dst_view.buffer, t.slot}] = {t.source, t.src, t.src_view.buffer, t.slot};
   std::map<DeviceId, std::uint64_t> need;
@@ -337,8 +335,12 @@ void UnitStore::quantize(unsigned threads) {
     auto* to = reinterpret_cast<std::uint8_t*>(table_.find(staged)->address);
     auto* sc = reinterpret_cast<float*>(table_.find(scales)->address);
     const fp8::Source type = info.dtype == DType::f32 ? fp8::Source::f32 : info.dtype == DType::f16 ? fp8::Source::f16 : fp8::Source::bf16;
-    fp8::quantize({from + q.weight.offset * width(info.dtype), type, q.box.dims[0].size(), q.box.dims[1].size(), q.weight.strides[0]},
-                  bo, bi, to + q.weight.offset, q.weight.strides[0], sc + q.scales.offset, q.scales.strides[0]);
+    const fp8::Region region{from + q.weight.offset * width(info.dtype), type, q.box.dims[0].size(), q.box.dims[1].size(), q.weight.strides[0]};
+    if (kind_ == MemoryKind::cuda)  // the same bytes, by the GPU quantizer on the GPU holding them
+      quantize_fp8_on_gpu(devices_.at(q.source.device)->gpu(), region, bo, bi, to + q.weight.offset, q.weight.strides[0],
+                          sc + q.scales.offset, q.scales.strides[0]);
+    else
+      fp8::quantize(region, bo, bi, to + q.weight.offset, q.weight.strides[0], sc + q.scales.offset, q.scales.strides[0]);
   };
   std::atomic<std::size_t> next{0};
   on_threads(threads, [&](unsigned) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_ipc.hpp"
+#include "fp8_quantize.hpp"
 #include "strided_copy.hpp"
 #include "nereus/base/error.hpp"
 
@@ -289,6 +290,35 @@ class CudaTransport final : public Transport {
 };
 
 }  // namespace
+
+void quantize_fp8_on_gpu(int gpu, const fp8::Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out,
+                         std::int64_t out_stride, float* scales, std::int64_t scale_stride) {
+  auto fail = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw Error(std::string("FP8 quantize on the GPU: ") + what + ": " + cudaGetErrorString(e));
+  };
+  fail(cudaSetDevice(gpu), "cudaSetDevice");
+  detail::Fp8QuantizeArgs a;
+  a.src = reinterpret_cast<const unsigned char*>(region.data);
+  a.type = region.type;
+  a.rows = region.rows;
+  a.cols = region.cols;
+  a.stride = region.stride;
+  a.bo = bo;
+  a.bi = bi;
+  a.out = out;
+  a.out_stride = out_stride;
+  a.scales = scales;
+  a.scale_stride = scale_stride;
+  const auto blocks = static_cast<std::size_t>(((region.rows + bo - 1) / bo) * ((region.cols + bi - 1) / bi));
+  fail(cudaMalloc(reinterpret_cast<void**>(&a.amax), std::max<std::size_t>(1, blocks) * sizeof(int)), "cudaMalloc of the amax scratch");
+  cudaStream_t stream = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = static_cast<cudaError_t>(detail::launch_fp8_quantize(a, stream));
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (stream) cudaStreamDestroy(stream);
+  cudaFree(a.amax);
+  fail(e, "the quantize kernels");
+}
 
 bool cuda_built() { return true; }
 

@@ -17,6 +17,7 @@
 #include "../runtime_world.hpp"
 #include "../test_util.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/core/fp8.hpp"
 #include "nereus/runtime/executor.hpp"
 #include "nereus/runtime/job.hpp"
 #include "nereus/core/job.hpp"
@@ -157,6 +158,38 @@ TEST_CASE("strided-copy kernel: random runs in GPU memory land as a plain copy o
   cudaStreamDestroy(stream);
   cudaFree(src);
   cudaFree(dst);
+}
+
+TEST_CASE("FP8 quantizer on the GPU: random regions, bf16, f16 and f32, bit for bit the host quantizer's bytes and scales") {
+  std::mt19937_64 rng(1207);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  for (int round = 0; round < 30; ++round) {
+    const std::int64_t rows = pick(1, 700), cols = pick(1, 700), stride = cols + pick(0, 9);
+    const std::int64_t bo = round % 3 == 0 ? 128 : pick(1, 64), bi = round % 3 == 0 ? 128 : pick(1, 64);
+    const auto type = static_cast<fp8::Source>(round % 3);
+    const std::int64_t w = type == fp8::Source::f32 ? 4 : 2;
+    std::vector<unsigned char> host(static_cast<std::size_t>(rows * stride * w));
+    for (auto& b : host) b = static_cast<unsigned char>(rng());  // NaN, inf, subnormals included
+    const std::int64_t sr = (rows + bo - 1) / bo, sc = (cols + bi - 1) / bi;
+    std::vector<std::uint8_t> want(static_cast<std::size_t>(rows * cols)), got(want.size());
+    std::vector<float> want_s(static_cast<std::size_t>(sr * sc)), got_s(want_s.size());
+    fp8::quantize({reinterpret_cast<const std::byte*>(host.data()), type, rows, cols, stride}, bo, bi, want.data(), cols, want_s.data(), sc);
+    void *src = nullptr, *out = nullptr, *scales = nullptr;
+    REQUIRE(cudaMalloc(&src, host.size()) == cudaSuccess);
+    REQUIRE(cudaMalloc(&out, got.size()) == cudaSuccess);
+    REQUIRE(cudaMalloc(&scales, got_s.size() * 4) == cudaSuccess);
+    REQUIRE(cudaMemcpy(src, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+    quantize_fp8_on_gpu(0, {static_cast<const std::byte*>(src), type, rows, cols, stride}, bo, bi, static_cast<std::uint8_t*>(out), cols,
+                        static_cast<float*>(scales), sc);
+    REQUIRE(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(got_s.data(), scales, got_s.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CAPTURE(round);
+    CHECK(got == want);
+    CHECK(std::memcmp(got_s.data(), want_s.data(), got_s.size() * 4) == 0);
+    cudaFree(src);
+    cudaFree(out);
+    cudaFree(scales);
+  }
 }
 
 TEST_CASE("cuda IPC gets: every link a get through the registered arenas' keys, in one process") {

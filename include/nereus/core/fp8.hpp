@@ -8,6 +8,13 @@
 // kernel can include it for the same arithmetic.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+
+#ifdef __CUDACC__
+#define NEREUS_FP8_HD __host__ __device__
+#else
+#define NEREUS_FP8_HD
+#endif
 
 namespace nereus::fp8 {
 
@@ -19,6 +26,58 @@ inline constexpr float kAmaxFloor = 1e-4f;  ///< a block's amax is at least this
 std::uint8_t encode(float x);
 /// The value of an e4m3fn byte (NaN for S.1111.111).
 float decode(std::uint8_t q);
+
+NEREUS_FP8_HD inline std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+NEREUS_FP8_HD inline float float_of(std::uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+/// encode() on float32 bits, without branches (so a row's loop vectorizes, and a GPU warp
+/// does not diverge): every case is computed and the right one selected. The one encoding
+/// the host and the GPU quantizer share.
+NEREUS_FP8_HD inline std::uint8_t encode_bits(std::uint32_t b) {
+  const std::uint32_t sign = (b >> 24) & 0x80u;
+  const std::uint32_t a = b & 0x7fffffffu;
+  // Normal (|x| ≥ 2^-6): round the 23 mantissa bits to 3, nearest even, a carry moving into
+  // the exponent; then rebias the exponent from 127 to 7 (120 steps of 8 codes).
+  const std::uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  // Below 2^-6: multiples of 2^-9, i.e. |x|·512 rounded to the nearest even integer (the
+  // product is exact; adding 2^23 leaves an ulp of 1, so the float add rounds it, fused or
+  // not). 8·2^-9 is the smallest normal, code 0x08, as it should be.
+  const std::uint32_t sub = bits_of(float_of(a) * 512.0f + 8388608.0f) - 0x4b000000u;
+  std::uint32_t code = a < 0x3c800000u ? sub : normal;  // 2^-6
+  code = a >= 0x43e00000u ? 0x7eu : code;               // 448 and up, ±inf: ±448
+  code = a > 0x7f800000u ? 0x7fu : code;                // NaN, its sign kept
+  return static_cast<std::uint8_t>(sign | code);
+}
+
+/// IEEE half (binary16) to float32 bits.
+NEREUS_FP8_HD inline std::uint32_t half_bits(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0x1f) return sign | 0x7f800000u | (man << 13);  // inf, NaN
+  if (exp == 0) return sign | bits_of(static_cast<float>(man) * 5.9604644775390625e-8f);  // zero, subnormal: man · 2^-24
+  return sign | ((exp + 112) << 23) | (man << 13);
+}
+
+/// x · r for float32 bits x, NaN as it is (its sign kept), as the quantizer scales.
+NEREUS_FP8_HD inline std::uint32_t scaled_bits(std::uint32_t x, float r) {
+  return (x & 0x7fffffffu) > 0x7f800000u ? x : bits_of(float_of(x) * r);
+}
+
+/// A block's scale_inv from its amax bits (|x| of its largest finite element): amax floored
+/// at 1e-4, / 448, in float32. (Literals, not kAmaxFloor and kMax, for device code.)
+NEREUS_FP8_HD inline float scale_of(std::uint32_t amax_bits) {
+  const float a = float_of(amax_bits);
+  return (a > 1e-4f ? a : 1e-4f) / 448.0f;
+}
 
 /// Element types a block is read from: the config's param dtype.
 enum class Source : std::uint8_t { bf16, f16, f32 };

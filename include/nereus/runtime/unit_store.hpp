@@ -75,7 +75,8 @@ class UnitStore {
   bool quantizes() const { return !moves_.quantize.empty(); }
   /// The quantize pass: every bf16 block of ours an FP8 target reads, quantized into the
   /// staging buffers it is read from (sharding.md's quantizer, fp8.hpp), on `threads`
-  /// threads. Run before each run whose transfers read the staging; host memory only.
+  /// threads (GPU memory: by the GPU quantizer, quantize_fp8_on_gpu, the same bytes). Run
+  /// before each run whose transfers read the staging.
   void quantize(unsigned threads);
   BufferTable& table() { return table_; }
   std::map<DeviceId, std::unique_ptr<Device>>& devices() { return devices_; }

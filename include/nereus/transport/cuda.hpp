@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "nereus/core/fp8.hpp"
 #include "nereus/transport/transport.hpp"
 
 namespace nereus {
@@ -31,6 +32,13 @@ struct CudaTransportOptions {
   /// between GPUs and host staging always (benches/gpu/gpu_bench compares the two).
   bool strided_kernel = true;
 };
+
+/// Quantizes a region of GPU memory on GPU `gpu` into FP8 bytes and float32 scales
+/// (sharding.md, "FP8"), bit for bit as fp8::quantize() does on the host, and waits for it:
+/// the quantize pass of bf16 → FP8 units in GPU memory (UnitStore::quantize). Every pointer
+/// is a GPU address. Throws Error on a CUDA failure, and in a build without CUDA.
+void quantize_fp8_on_gpu(int gpu, const fp8::Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out,
+                         std::int64_t out_stride, float* scales, std::int64_t scale_stride);
 
 /// Whether this library was built with CUDA.
 bool cuda_built();
