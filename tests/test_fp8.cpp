@@ -243,19 +243,8 @@ TEST_CASE("fp8: the GPU quantizer's threads, run on the host, write the host qua
     std::vector<float> want_s(static_cast<std::size_t>(sr * sc)), got_s(want_s.size(), -1.0f);
     fp8::quantize({reinterpret_cast<const std::byte*>(src.data()), type, rows, cols, stride}, bo, bi, want.data(), cols, want_s.data(), sc);
     std::vector<int> amax(static_cast<std::size_t>(sr * sc), 0);
-    detail::Fp8QuantizeArgs a;
-    a.src = src.data();
-    a.type = type;
-    a.rows = rows;
-    a.cols = cols;
-    a.stride = stride;
-    a.bo = bo;
-    a.bi = bi;
-    a.out = got.data();
-    a.out_stride = cols;
-    a.scales = got_s.data();
-    a.scale_stride = sc;
-    a.amax = amax.data();
+    const detail::Fp8QuantizeArgs a = detail::fp8_quantize_args({reinterpret_cast<const std::byte*>(src.data()), type, rows, cols, stride},
+                                                                bo, bi, got.data(), cols, got_s.data(), sc, amax.data());
     const std::uint64_t threads = std::uniform_int_distribution<std::uint64_t>(1, 300)(rng);
     for (std::uint64_t t = 0; t < threads; ++t) detail::fp8_amax_thread(a, t, threads);
     for (std::uint64_t t = 0; t < threads; ++t) detail::fp8_encode_thread(a, t, threads);

@@ -32,6 +32,13 @@ struct Fp8QuantizeArgs {
   int* amax = nullptr;  ///< ⌈rows/bo⌉ · ⌈cols/bi⌉ ints of scratch, zero before the first launch
 };
 
+/// The arguments of quantizing `region` (fp8::quantize()'s) with `amax` as scratch.
+inline Fp8QuantizeArgs fp8_quantize_args(const fp8::Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out,
+                                         std::int64_t out_stride, float* scales, std::int64_t scale_stride, int* amax) {
+  return {reinterpret_cast<const unsigned char*>(region.data), region.type, region.rows, region.cols, region.stride, bo, bi,
+          out, out_stride, scales, scale_stride, amax};
+}
+
 inline constexpr unsigned kFp8Threads = 256;      ///< per block
 inline constexpr unsigned kFp8MaxBlocks = 65535;  ///< a launch's grid; threads then take several elements
 
