@@ -177,11 +177,18 @@ TEST_CASE("frames: the job messages survive a round trip") {
       UnitFreed{9},
       StepRun{3, 1536.5, {{9, "actor/train", 1}, {12, "critic/train", 0}}},
       StepDone{{{"actor/generate", 1.25}, {"actor/train", 0.5}}, 700, 1400, 1u << 30},
+      Quantize{},
+      Quantized{},
+      UnitAllocated{10, {PeerInfo::Buffer{0x40000000u, 5, 17, Slot::scale, 0x7f0000002000, 64}}},  // an FP8 staging scale buffer
   };
   for (const Body& b : bodies) {
     CAPTURE(kind_name(b));
     REQUIRE(decode_frame(encode_frame({kProtocolVersion, 7, 0, b})).body.index() == b.index());
   }
+  const auto scale = std::get<UnitAllocated>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies.back()})).body);
+  REQUIRE(scale.buffers.size() == 1);
+  CHECK(scale.buffers[0].slot == Slot::scale);
+  CHECK(scale.buffers[0].side == 0x40000000u);
   const auto r = std::get<JobRequest>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[0]})).body);
   CHECK(r.job == "{\"algorithm\": \"ppo\"}");
   CHECK(r.response_len_after == 8192);

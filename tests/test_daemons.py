@@ -348,12 +348,13 @@ try:
         else:
             check(rc == 1 and re.search(r"node \d: .*(CUDA|GPU)", err) is not None,
                   f"daemons: --transport {transport} without a GPU: one error naming the node ({err.strip()[-200:]})")
-    # bf16 -> FP8 needs a quantize step the daemons' protocol does not have yet: refused by
-    # the nodes before any byte moves, and the daemons serve on.
-    rc, j, err = bench(addr, "--model", "tiny-deepseek-v3", "--sync", "--from", "tp=1,pp=1,dp=1", "--to",
-                       "tp=2,pp=1,dp=1,devices=1-2,dtype=fp8")
-    check(rc == 1 and "not across daemons yet" in err + j.get("error", ""),
-          f"bf16 -> FP8 across daemons: one clear error ({(err.strip() or j.get('error', ''))[-200:]})")
+    # bf16 -> FP8 across the daemons: each node quantizes what it sends (the quantize step
+    # before every run), the receivers get FP8 bytes and scales, every byte verified.
+    for transport in ("ucx", "ucx-tag"):
+        rc, j, err = bench(addr, "--model", "tiny-deepseek-v3", "--sync", "--from", "tp=1,pp=1,dp=1", "--to",
+                           "tp=2,pp=1,dp=2,devices=1-4,dtype=fp8,packing=fused", "--verify", "--repeat", "2", "--transport", transport)
+        check(rc == 0 and j.get("verified") is True,
+              f"bf16 -> FP8 across daemons ({transport}): verified ({(err.strip() or j.get('error', ''))[-200:]})")
     rc, j, err = bench(addr, "--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=2,pp=1,dp=3", "--transport", "local")
     check(rc == 2 and "--daemons" in err, f"--transport local with --daemons: one clear error ({err.strip()[-200:]})")
     # A daemon dies mid-run of tagged messages: its peers' sends and receives to it fail

@@ -65,6 +65,10 @@ struct Envelope {
     # answers at once). The controller calibrates from the reports, then decides.
     stepRun @36 :StepRun;
     stepDone @37 :StepDone;
+    # Before each run of a bf16 -> FP8 transition: every node quantizes what its devices
+    # send into their staging (the peers' gets read it), then answers; run follows.
+    quantize @38 :Void;
+    quantized @39 :Void;
   }
 }
 

@@ -254,6 +254,8 @@ Body body_of(w::Envelope::Body::Reader e) {
       return out;
     }
     case w::Envelope::Body::CONNECTED: return Connected{};
+    case w::Envelope::Body::QUANTIZE: return Quantize{};
+    case w::Envelope::Body::QUANTIZED: return Quantized{};
     case w::Envelope::Body::RUN: return Run{e.getRun()};
     case w::Envelope::Body::DONE: {
       auto d = e.getDone();
@@ -348,7 +350,7 @@ const char* kind_name(const Body& b) {
       "transition-request", "transition-result", "prepare", "ready", "peers", "connected", "run", "done", "failed",
       "abort",  "aborted",   "verify",       "verified", "dump",   "dumped", "finish",    "finished", "job-request",
       "job-open", "unit-alloc", "unit-allocated", "unit-build", "unit-free", "unit-freed",
-      "step-run", "step-done"};
+      "step-run", "step-done", "quantize", "quantized"};
   static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[b.index()];
 }
@@ -424,6 +426,8 @@ Bytes encode_frame(const Envelope& e) {
                    for (unsigned i = 0; i < p.all.size(); ++i) put_peer(l[i], p.all[i]);
                  },
                  [&](const Connected&) { body.setConnected(); },
+                 [&](const Quantize&) { body.setQuantize(); },
+                 [&](const Quantized&) { body.setQuantized(); },
                  [&](const Run& r) { body.setRun(r.iteration); },
                  [&](const RunDone& d) {
                    auto o = body.initDone();

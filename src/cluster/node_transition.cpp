@@ -49,11 +49,6 @@ struct NodeTransition::State {
     config->machine = machine;
     kill_node = m.spec.kill_node;
     prepared = std::make_unique<PreparedReshard>(prepare_reshard(*config));
-    // The quantize pass runs between a bench's phases (bench transition); the daemons'
-    // protocol has no step for it yet, so such a transition stops here, nothing moved.
-    if (prepared->plan.summary().quantized_bytes > 0)
-      throw Error("a bf16 source into a dtype=fp8 target is quantized by `nereus bench transition` (one process or "
-                  "--procs), not across daemons yet");
     const int per = m.devices_per_node;
     std::vector<DeviceId> mine;
     for (DeviceId d : prepared->devices)
@@ -103,6 +98,11 @@ asio::awaitable<NodePart::Answer> NodeTransition::answer(Channel& ch, const Enve
       auto warm = [part] { part->warm(); return 0; };
       co_await s.offload(warm);  // page faults of the peers' mapped memory, off the event loop
       reply = Connected{};
+    } else if (std::holds_alternative<Quantize>(m.body)) {
+      Participant* part = s.part.get();
+      auto quantize = [part] { part->quantize(); return 0; };
+      co_await s.offload(quantize);  // the bf16 blocks this node sends, into their FP8 staging
+      reply = Quantized{};
     } else if (std::holds_alternative<Run>(m.body)) {
       if (s.kill_node == s.rank) {  // fault injection: this daemon dies 3 ms into the run
         s.doom.expires_after(std::chrono::milliseconds(3));

@@ -108,6 +108,8 @@ struct Peers {
   std::vector<PeerInfo> all;
 };
 struct Connected {};
+struct Quantize {};
+struct Quantized {};
 struct Run {
   std::uint32_t iteration = 0;
 };
@@ -230,7 +232,7 @@ struct StepDone {
 using Body = std::variant<Hello, Challenge, Authenticate, Welcome, ErrorReply, Join, Heartbeat, StatusRequest, ClusterStatus,
                           TransitionSpec, TransitionResult, Prepare, Ready, Peers, Connected, Run, RunDone, Failed, Abort,
                           Aborted, Verify, Verified, Dump, Dumped, Finish, Finished, JobRequest, JobOpen, UnitAlloc,
-                          UnitAllocated, UnitBuild, UnitFree, UnitFreed, StepRun, StepDone>;
+                          UnitAllocated, UnitBuild, UnitFree, UnitFreed, StepRun, StepDone, Quantize, Quantized>;
 
 struct Envelope {
   std::uint16_t version = kProtocolVersion;
