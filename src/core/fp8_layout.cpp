@@ -24,6 +24,11 @@ bool quantizable(const TensorInfo& t) {
   }
 }
 
+fp8::Source fp8_source(DType dtype) {
+  if (dtype == DType::e4m3) throw Error("internal: FP8 bytes are not a quantizer's source");
+  return dtype == DType::f32 ? fp8::Source::f32 : dtype == DType::f16 ? fp8::Source::f16 : fp8::Source::bf16;
+}
+
 std::string scale_name(const TensorInfo& t) {
   constexpr std::string_view suffix = ".weight";
   std::string n = t.name;
@@ -65,7 +70,7 @@ void fp8_fill(const ModelConfig& m, const TensorInfo& t, const Box& w, std::uint
   const Box s = fp8_scale_box(m, w);
   const std::int64_t bo = m.fp8_block[0], bi = m.fp8_block[1];
   const std::uint32_t wid = width(t.dtype);
-  const fp8::Source type = t.dtype == DType::f32 ? fp8::Source::f32 : t.dtype == DType::f16 ? fp8::Source::f16 : fp8::Source::bf16;
+  const fp8::Source type = fp8_source(t.dtype);
   const std::uint64_t seed = fill_seed(t.name, "param");
   const std::int64_t cols = w.dims[1].size();
   std::vector<std::byte> block;

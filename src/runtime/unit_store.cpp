@@ -334,8 +334,7 @@ void UnitStore::quantize(unsigned threads) {
     const auto* from = reinterpret_cast<const std::byte*>(table_.find(q.source)->address);
     auto* to = reinterpret_cast<std::uint8_t*>(table_.find(staged)->address);
     auto* sc = reinterpret_cast<float*>(table_.find(scales)->address);
-    const fp8::Source type = info.dtype == DType::f32 ? fp8::Source::f32 : info.dtype == DType::f16 ? fp8::Source::f16 : fp8::Source::bf16;
-    const fp8::Region region{from + q.weight.offset * width(info.dtype), type, q.box.dims[0].size(), q.box.dims[1].size(), q.weight.strides[0]};
+    const fp8::Region region{from + q.weight.offset * width(info.dtype), fp8_source(info.dtype), q.box.dims[0].size(), q.box.dims[1].size(), q.weight.strides[0]};
     if (kind_ == MemoryKind::cuda)  // the same bytes, by the GPU quantizer on the GPU holding them
       quantize_fp8_on_gpu(devices_.at(q.source.device)->gpu(), region, bo, bi, to + q.weight.offset, q.weight.strides[0],
                           sc + q.scales.offset, q.scales.strides[0]);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "nereus/core/box.hpp"
+#include "nereus/core/fp8.hpp"
 #include "nereus/core/layout.hpp"
 #include "nereus/core/model.hpp"
 
@@ -17,6 +18,9 @@ namespace nereus {
 /// `*_proj.weight` inside a decoder layer (attention, dense MLP, shared and routed
 /// experts); never the embedding, lm_head, score, norms, the router or its bias.
 bool quantizable(const TensorInfo& t);
+
+/// The quantizer's source type for a tensor of `dtype` (bf16, f16 or f32).
+fp8::Source fp8_source(DType dtype);
 
 /// `<name minus .weight>.weight_scale_inv`.
 std::string scale_name(const TensorInfo& t);
