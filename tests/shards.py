@@ -1,6 +1,8 @@
 """The fill of sharding.md recomputed independently in Python, and a check of dumped
 shard files (`--dump DIR`) against it from the manifest alone."""
+import bisect
 import json
+import math
 import os
 import struct
 import subprocess
@@ -60,54 +62,57 @@ def fill_box(tensor, slot, box, cols, width):
 E4M3 = [(c & 7) / 8 * 2.0 ** -6 if c >> 3 == 0 else (1 + (c & 7) / 8) * 2.0 ** ((c >> 3) - 7) for c in range(127)]
 
 
-def e4m3_codes(v):
-    """float32 array → e4m3fn bytes: nearest value, ties to the even code, saturating at
-    448; NaN → 0x7f and ±inf → ±448 with their sign (sharding.md's FP8 rule)."""
-    import numpy as np
-    table = np.array(E4M3)
-    a = np.abs(v.astype(np.float64))
-    nan = np.isnan(a)
-    a = np.where(nan, 0, np.minimum(a, 448.0))
-    hi = np.clip(np.searchsorted(table, a), 1, 126)
+def f32(x):
+    """x rounded to float32 (struct packs a double by C's cast: round to nearest even). A
+    float32 quotient or product computed in double and rounded once is the float32 one."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def e4m3_code(v):
+    """A float32 value -> its e4m3fn byte: the nearest value, ties to the even code,
+    saturating at 448; NaN -> 0x7f and ±inf -> ±448 with their sign (sharding.md)."""
+    sign = 0x80 if math.copysign(1.0, v) < 0 else 0
+    if math.isnan(v):
+        return sign | 0x7f
+    a = min(abs(v), 448.0)
+    hi = min(max(bisect.bisect_left(E4M3, a), 1), 126)
     lo = hi - 1
-    dl, dh = a - table[lo], table[hi] - a
-    code = np.where(dl < dh, lo, np.where(dh < dl, hi, np.where(lo % 2 == 0, lo, hi)))
-    code = np.where(a >= table[126], 126, code)
-    code = np.where(nan, 0x7f, code)
-    return (code | np.where(np.signbit(v), 0x80, 0)).astype(np.uint8)
+    dl, dh = a - E4M3[lo], E4M3[hi] - a
+    code = lo if dl < dh else hi if dh < dl else (lo if lo % 2 == 0 else hi)
+    return sign | (126 if a >= E4M3[126] else code)
 
 
 def fp8_expected(tensor, box, shape, block, scale=False):
     """What a dtype=fp8 unit holds of `box` of quantizable `tensor` (bf16 in the model):
     the fill of its param slot quantized per [bo, bi] block as sharding.md says — the
     FP8 bytes of `box`, or, with `scale`, the float32 scale_inv of the blocks of scale box
-    `box`."""
-    import numpy as np
+    `box`. Plain Python floats rounded to float32 at each step, as the rule does."""
     (bo, bi), (R, C) = block, shape
     if scale:
         sbox = box
         box = [[box[0][0] * bo, min(box[0][1] * bo, R)], [box[1][0] * bi, min(box[1][1] * bi, C)]]
     else:
         sbox = [[box[0][0] // bo, -(-box[0][1] // bo)], [box[1][0] // bi, -(-box[1][1] // bi)]]
-    q = np.zeros((box[0][1] - box[0][0], box[1][1] - box[1][0]), dtype=np.uint8)
-    scales = np.zeros((sbox[0][1] - sbox[0][0], sbox[1][1] - sbox[1][0]), dtype=np.float32)
+    width = box[1][1] - box[1][0]
+    q = bytearray((box[0][1] - box[0][0]) * width)
+    scales = []
+    floor = f32(1e-4)
     for br in range(*sbox[0]):
         for bc in range(*sbox[1]):
             rows, cols = [br * bo, min((br + 1) * bo, R)], [bc * bi, min((bc + 1) * bi, C)]
-            bits = np.frombuffer(fill_box(tensor, "param", [rows, cols], C, 2), dtype="<u2").astype(np.uint32)
-            x = (bits << 16).view(np.float32).reshape(rows[1] - rows[0], cols[1] - cols[0])
-            finite = np.abs(x[np.isfinite(x)])
-            amax = max(np.float32(finite.max()) if finite.size else np.float32(0), np.float32(1e-4))
-            s = np.float32(amax) / np.float32(448)
-            r = np.float32(1) / s
-            with np.errstate(invalid="ignore", over="ignore"):
-                y = np.where(np.isinf(x), np.sign(x) * np.float32(448), x * r).astype(np.float32)
-            scales[br - sbox[0][0], bc - sbox[1][0]] = s
-            i0, i1 = max(rows[0], box[0][0]), min(rows[1], box[0][1])
-            j0, j1 = max(cols[0], box[1][0]), min(cols[1], box[1][1])
-            q[i0 - box[0][0]:i1 - box[0][0], j0 - box[1][0]:j1 - box[1][0]] = \
-                e4m3_codes(y[i0 - rows[0]:i1 - rows[0], j0 - cols[0]:j1 - cols[0]])
-    return scales.astype("<f4").tobytes() if scale else q.tobytes()
+            raw = expected_bytes(tensor, "param", [rows, cols], C, 2)
+            x = [struct.unpack("<f", b"\0\0" + raw[k:k + 2])[0] for k in range(0, len(raw), 2)]
+            amax = max([abs(v) for v in x if math.isfinite(v)], default=0.0)
+            s = f32((amax if amax > floor else floor) / 448.0)
+            r = f32(1.0 / s)
+            scales.append(s)
+            n = cols[1] - cols[0]
+            for i in range(max(rows[0], box[0][0]), min(rows[1], box[0][1])):
+                for j in range(max(cols[0], box[1][0]), min(cols[1], box[1][1])):
+                    v = x[(i - rows[0]) * n + (j - cols[0])]
+                    y = v if math.isnan(v) else (math.copysign(448.0, v) if math.isinf(v) else f32(v * r))
+                    q[(i - box[0][0]) * width + (j - box[1][0])] = e4m3_code(y)
+    return struct.pack(f"<{len(scales)}f", *scales) if scale else bytes(q)
 
 
 def model_shapes(nereus, name):
