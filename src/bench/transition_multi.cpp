@@ -195,11 +195,7 @@ asio::awaitable<void> parent(asio::io_context& io, const TransitionConfig& c, co
     out.update(failure_figures(first, detected, ok, v.size()));
   } else {
     const auto copied = last_done["link_bytes"].get<std::uint64_t>() + last_done["local_bytes"].get<std::uint64_t>();
-    out.update(run_figures(p, secs, copied));
-    if (!quantize_secs.empty()) {
-      std::sort(quantize_secs.begin(), quantize_secs.end());
-      out["quantize_seconds_median"] = quantize_secs[quantize_secs.size() / 2];
-    }
+    out.update(run_figures(p, secs, copied, quantize_secs));
     if (last_done.contains("transports")) out["transports"] = last_done["transports"];
     out["verified"] = nullptr;
     if (c.verify) {

@@ -120,14 +120,10 @@ int run_single_process(const TransitionConfig& c) {
   const TransferLabels labels = transfer_labels(c, p);
   const std::map<int, json> timings{{0, timings_json(last.timings)}};
   if (wants_timings(c)) write_transfer_outputs(c, labels, timings);
-  nlohmann::json out = run_figures(p, secs, last.link_bytes + last.local_bytes);
+  nlohmann::json out = run_figures(p, secs, last.link_bytes + last.local_bytes, quantize_secs);
   out["transports"] = transports_json(labels, timings);
   const double copied = static_cast<double>(last.link_bytes + last.local_bytes);
   const double median = out["seconds_median"];
-  if (!quantize_secs.empty()) {
-    std::sort(quantize_secs.begin(), quantize_secs.end());
-    out["quantize_seconds_median"] = quantize_secs[quantize_secs.size() / 2];
-  }
   out["units_committed"] = last.commits.size();
   out["peak_device_bytes"] = store.peak_bytes();
   if (!ucx && !cuda) {  // local, or auto in one process: every link a local copy

@@ -3,8 +3,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <chrono>
-
 #include "control.hpp"
 #include "nereus/base/error.hpp"
 #include "transition_bench.hpp"
@@ -83,10 +81,9 @@ asio::awaitable<void> serve(const TransitionConfig& c, asio::io_context& io, Soc
         if (r.ok && (last || wants_timings(c))) msg["timings"] = timings_json(r.report.timings);
         co_await send(control, msg);
       });
-    } else if (t == "quantize") {  // before "run": the peers read what this writes
-      const auto q0 = std::chrono::steady_clock::now();
+    } else if (t == "quantize") {  // before "run": the peers read what this writes (the parent times it)
       part.quantize();
-      const json msg = {{"type", "quantized"}, {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count()}};
+      const json msg = {{"type", "quantized"}};
       co_await send(control, msg);
     } else if (t == "abort") {
       const bool stopped = co_await part.abort(std::chrono::seconds(2));

@@ -135,7 +135,7 @@ class Driver {
       co_await broadcast(peers);
       co_await gather<Connected>("connected", deadline());
     }
-    std::vector<double> secs;
+    std::vector<double> secs, quantize_secs;
     double detected = 0;
     RunDone last{};
     json link_stats = json::array(), transport_stats = json::object();
@@ -149,6 +149,7 @@ class Driver {
         const Body quantize = Quantize{};
         co_await broadcast(quantize);
         co_await gather<Quantized>("quantized", deadline());
+        quantize_secs.push_back(std::chrono::duration<double>(clock::now() - t0).count());
         if (!error_.empty()) break;
       }
       const Body run = Run{static_cast<std::uint32_t>(i)};
@@ -178,7 +179,7 @@ class Driver {
       for (const auto& [r, m] : v) ok = ok && m.sources_ok;
       out.update(failure_figures(first, detected, ok, v.size()));
     } else {
-      out.update(run_figures(p, secs, last.link_bytes + last.local_bytes));
+      out.update(run_figures(p, secs, last.link_bytes + last.local_bytes, quantize_secs));
       out["verified"] = nullptr;
       out["links"] = link_stats;
       out["transports"] = transport_stats;

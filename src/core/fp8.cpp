@@ -1,3 +1,7 @@
+// The vector lanes below never cross a call (every helper, fp8.hpp's too, is always
+// inlined into the quantize entries), so the ABI of passing them, which GCC and clang warn
+// about, does not matter.
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include "nereus/core/fp8.hpp"
 
 #include <algorithm>
@@ -23,45 +27,9 @@ float decode(std::uint8_t q) {
   return negative ? -v : v;
 }
 
-float load(Source type, const std::byte* p) {
-  switch (type) {
-    case Source::bf16: {
-      std::uint16_t h;
-      std::memcpy(&h, p, 2);
-      return float_of(static_cast<std::uint32_t>(h) << 16);
-    }
-    case Source::f16: {
-      std::uint16_t h;
-      std::memcpy(&h, p, 2);
-      return float_of(half_bits(h));
-    }
-    case Source::f32: {
-      float x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-  }
-  return 0;
-}
-
-namespace {
-
-// The quantize pass's loops, eight elements at a time in GCC/Clang vector types (SSE2
-// pairs at the x86-64 baseline, NEON on aarch64): the same branchless arithmetic as
-// encode_bits, every case computed and the right one selected lane by lane.
-// Each helper is inlined into the entries below (one per source type and ISA), so no
-// vector crosses a call: hence no ABI concern (-Wpsabi) about passing them (and they go by
-// reference).
-#pragma GCC diagnostic ignored "-Wpsabi"
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__)  // (a -march that has them: one version)
-#define NEREUS_SIMD_VERSIONS 1
-#else
-#define NEREUS_SIMD_VERSIONS 0
-#endif
-#define NEREUS_INLINE [[gnu::always_inline]] inline
-
-/// N lanes of each element type the loops use (one specialization per N: GCC drops a
-/// vector_size that depends on a template parameter).
+/// N lanes of each element type the quantize pass uses, and their Bits32 (fp8.hpp): one
+/// specialization per N, since GCC drops a vector_size that depends on a template
+/// parameter.
 template <int N>
 struct Lanes;
 #define NEREUS_LANES(N)                                                  \
@@ -73,9 +41,27 @@ struct Lanes;
     using f32 = float __attribute__((vector_size(4 * N)));              \
     using u16 = std::uint16_t __attribute__((vector_size(2 * N)));      \
     using u8 = std::uint8_t __attribute__((vector_size(N)));            \
+  };                                                                     \
+  template <>                                                            \
+  struct Bits32<Lanes<N>::u32> {                                         \
+    using f32 = Lanes<N>::f32;                                           \
+    using i32 = Lanes<N>::i32;                                           \
   };
 NEREUS_LANES(8)
 NEREUS_LANES(16)
+
+namespace {
+
+// The quantize pass's loops, 8 or 16 elements at a time in GCC/Clang vector types (SSE2
+// pairs at the x86-64 baseline, NEON on aarch64), with fp8.hpp's encode_lanes and
+// scaled_lanes: the arithmetic encode_bits and the GPU kernels use, lane by lane.
+// Each helper is inlined into the entries below (one per source type and ISA).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__)  // (a -march that has them: one version)
+#define NEREUS_SIMD_VERSIONS 1
+#else
+#define NEREUS_SIMD_VERSIONS 0
+#endif
+#define NEREUS_INLINE [[gnu::always_inline]] inline
 
 /// V::n elements of type T from `p` (any alignment) as float32 bits.
 template <Source T, class V>
@@ -113,21 +99,6 @@ NEREUS_INLINE std::uint32_t load1(const std::byte* p) {
   }
 }
 
-template <class V>
-NEREUS_INLINE typename V::u8 encode_lanes(const typename V::u32& b) {
-  using u32 = typename V::u32;
-  const u32 sign = (b >> 24) & 0x80u;
-  const u32 a = b & 0x7fffffffu;
-  const u32 normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-  const u32 sub = reinterpret_cast<u32>(reinterpret_cast<typename V::f32>(a) * 512.0f + 8388608.0f) - 0x4b000000u;
-  // Signed compares (SSE2 has no unsigned ones): every |x| bit pattern is non-negative.
-  const typename V::i32 m = reinterpret_cast<typename V::i32>(a);
-  u32 code = m < 0x3c800000 ? sub : normal;
-  code = m >= 0x43e00000 ? 0x7eu : code;
-  code = m > 0x7f800000 ? 0x7fu : code;
-  return __builtin_convertvector(sign | code, typename V::u8);
-}
-
 /// Folds elements [lo, hi) of a row into m: the largest |x| bits among finite elements. For
 /// non-negative floats the bit patterns order as the values do, so an integer max finds it
 /// (signed: SSE2's compares; the patterns are non-negative).
@@ -160,23 +131,13 @@ NEREUS_INLINE void encode_run(const std::byte* row, std::int64_t lo, std::int64_
   constexpr std::int64_t w = T == Source::f32 ? 4 : 2;
   std::int64_t j = lo;
   for (; j + V::n <= hi; j += V::n) {
-    const typename V::u32 x = load_lanes<T, V>(row + j * w);
-    const auto y = reinterpret_cast<typename V::u32>(reinterpret_cast<typename V::f32>(x) * r);
-    const typename V::u8 q = encode_lanes<V>(reinterpret_cast<typename V::i32>(x & 0x7fffffffu) > 0x7f800000 ? x : y);
+    const auto q = __builtin_convertvector(encode_lanes(scaled_lanes(load_lanes<T, V>(row + j * w), r)), typename V::u8);
     std::memcpy(to + j, &q, sizeof q);
   }
   for (; j < hi; ++j) {
     const std::uint32_t x = load1<T>(row + j * w);
-    to[j] = encode_bits(scaled_bits(x, r));
+    to[j] = encode_bits(scaled_lanes(x, r));
   }
-}
-
-template <Source T, class V>
-NEREUS_INLINE std::uint32_t amax_bits(const Region& r) {
-  constexpr std::int64_t w = T == Source::f32 ? 4 : 2;
-  typename V::i32 m = {};
-  for (std::int64_t i = 0; i < r.rows; ++i) amax_run<T, V>(r.data + i * r.stride * w, 0, r.cols, m);
-  return lanes_max<V>(m);
 }
 
 /// A band of bo rows at a time, read twice row by row (the way memory streams, rather than
@@ -256,16 +217,6 @@ NEREUS_QUANTIZE_ENTRY(f16)
 NEREUS_QUANTIZE_ENTRY(f32)
 
 }  // namespace
-
-float scale_inv(const Region& r) {
-  std::uint32_t m = 0;
-  switch (r.type) {
-    case Source::bf16: m = amax_bits<Source::bf16, Lanes<8>>(r); break;
-    case Source::f16: m = amax_bits<Source::f16, Lanes<8>>(r); break;
-    case Source::f32: m = amax_bits<Source::f32, Lanes<8>>(r); break;
-  }
-  return scale_of(m);
-}
 
 void quantize(const Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out, std::int64_t out_stride,
               float* scales, std::int64_t scale_stride) {

@@ -201,13 +201,16 @@ std::pair<double, double> median_min(std::vector<double> v) {
 
 }  // namespace
 
-nlohmann::json run_figures(const PreparedReshard& p, const std::vector<double>& secs, std::uint64_t copied) {
+nlohmann::json run_figures(const PreparedReshard& p, const std::vector<double>& secs, std::uint64_t copied,
+                           const std::vector<double>& quantize_secs) {
   const auto [median, min] = median_min(secs);
-  return {{"seconds_median", median},
-          {"seconds_min", min},
-          {"gbps", static_cast<double>(p.plan.summary().moved_bytes) / median / 1e9},
-          {"copied_bytes", copied},
-          {"copy_gbps", static_cast<double>(copied) / median / 1e9}};
+  nlohmann::json out = {{"seconds_median", median},
+                        {"seconds_min", min},
+                        {"gbps", static_cast<double>(p.plan.summary().moved_bytes) / median / 1e9},
+                        {"copied_bytes", copied},
+                        {"copy_gbps", static_cast<double>(copied) / median / 1e9}};
+  if (!quantize_secs.empty()) out["quantize_seconds_median"] = median_min(quantize_secs).first;
+  return out;
 }
 
 nlohmann::json failure_figures(const std::string& error, double detected, bool sources_ok, std::size_t survivors) {

@@ -315,6 +315,7 @@ void UnitStore::allocate_and_fill(unsigned threads) {
 }
 
 void UnitStore::quantize(unsigned threads) {
+  if (moves_.quantize.empty()) return;
   const ModelSpec& m = *plan_.target().model;
   const std::int64_t bo = m.config().fp8_block[0], bi = m.config().fp8_block[1];
   // One source buffer's boxes on one thread: two targets may read overlapping boxes of it,

@@ -2,7 +2,7 @@
 // The GPU quantizer (sharding.md, "FP8"; src/transport only): a region of bf16, f16 or f32
 // elements in GPU memory quantized per [bo, bi] block into FP8 bytes and float32
 // scale_inv, bit for bit what the host quantizer (core/fp8.hpp) writes, with its
-// arithmetic (encode_bits, scaled_bits, scale_of). Two launches over the region's
+// arithmetic (encode_bits, scaled_lanes, scale_of). Two launches over the region's
 // elements: each element folds its |x| bits into its block's amax (an integer max: the
 // bits of non-negative floats order as the values do, so atomicMax finds it), then each
 // element encodes x·r of its block, and the element at a block's origin writes the scale.
@@ -86,7 +86,7 @@ NEREUS_FP8_HD inline void fp8_encode_thread(const Fp8QuantizeArgs& a, std::uint6
     const auto j = static_cast<std::int64_t>(e % static_cast<std::uint64_t>(a.cols));
     const float s = fp8::scale_of(static_cast<std::uint32_t>(a.amax[fp8_block_of(a, i, j)]));
     const float r = 1.0f / s;  // float32, as the host quantizer and the references compute it
-    a.out[i * a.out_stride + j] = fp8::encode_bits(fp8::scaled_bits(fp8_element_bits(a, i, j), r));
+    a.out[i * a.out_stride + j] = fp8::encode_bits(fp8::scaled_lanes(fp8_element_bits(a, i, j), r));
     if (i % a.bo == 0 && j % a.bi == 0) a.scales[(i / a.bo) * a.scale_stride + j / a.bi] = s;
   }
 }

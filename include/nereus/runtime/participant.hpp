@@ -94,8 +94,11 @@ struct PreparedReshard {
 /// Loads the model and plans the reshard; throws Error naming a bad flag or layout.
 PreparedReshard prepare_reshard(const ReshardSpec& s);
 /// The figures of repeated runs every driver of a reshard reports (seconds_median,
-/// seconds_min, gbps over links, copied_bytes, copy_gbps); `secs` must not be empty.
-nlohmann::json run_figures(const PreparedReshard& p, const std::vector<double>& secs, std::uint64_t copied_bytes);
+/// seconds_min, gbps over links, copied_bytes, copy_gbps, and quantize_seconds_median when
+/// the runs quantized first: their quantize passes' seconds, counted in `secs` too); `secs`
+/// must not be empty.
+nlohmann::json run_figures(const PreparedReshard& p, const std::vector<double>& secs, std::uint64_t copied_bytes,
+                           const std::vector<double>& quantize_secs = {});
 /// What a driver reports when a run failed: the first error, when the failure was known,
 /// and whether every surviving process still holds intact sources.
 nlohmann::json failure_figures(const std::string& error, double detected_seconds, bool sources_ok, std::size_t survivors);
@@ -131,10 +134,10 @@ class Participant {
   /// directly (shared memory), so that the first run's copies do not take those page
   /// faults inside UCX progress on the event loop. No UCX calls: run it off the loop.
   void warm() const;
-  /// Whether each run must first quantize (UnitStore::quantizes) and, before any peer's
-  /// run reads what it quantized, quantize(): the bf16 blocks of ours an FP8 target reads,
-  /// into the staging the peers get from. Touches only memory: run it off the loop.
-  bool quantizes() const { return store_.quantizes(); }
+  /// Before each run of a bf16 → FP8 transition, and before any peer's run reads what it
+  /// writes: the bf16 blocks of ours an FP8 target reads, quantized into the staging the
+  /// peers get from (UnitStore::quantize; nothing when there are none). Touches only
+  /// memory: run it off the loop.
   void quantize() { store_.quantize(c_.copy_threads); }
   /// Starts one run in the background; `done` is called with its outcome.
   void run(std::function<asio::awaitable<void>(RunResult)> done);
