@@ -16,6 +16,9 @@ import torch
 
 import nereus
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_torch import dequantize, element_scales, within_rounding  # noqa: E402
+
 JOB = "ppo-tiny"
 BASE = {
     "actor/generate": "tp=2,pp=1,dp=2,devices=0-3",
@@ -181,6 +184,89 @@ class DeepSeekStyle(unittest.TestCase):
             report = job.transition(p)
             self.assertTrue(report["completed"], report)
             self.assertEqual(mismatches(job, "actor/train", full), [])
+
+
+class Fp8Units(unittest.TestCase):
+    """A GRPO job whose generation stage holds tiny-deepseek-v3 in FP8 (dtype=fp8): after a
+    weight sync its shards, read as uint8 with float32 `weight_scale_inv` beside them,
+    dequantize to the trained bf16 weights within FP8's rounding; an FP8 -> FP8
+    transition moves bytes and scales bit for bit; a training layout that cuts a block is
+    refused when the job is made."""
+    PLAN = {"actor/generate": "tp=2,pp=1,dp=2,devices=0-3,dtype=fp8",
+            "actor/infer": "tp=2,pp=1,dp=1,devices=0-1",
+            "reference/infer": "tp=2,pp=1,dp=1,devices=2-3",
+            "actor/train": "tp=2,pp=1,dp=2,devices=4-7"}
+    BLOCK = (16, 16)  # tiny-deepseek-v3's quantization_config.weight_block_size
+
+    def fp8_state(self, job):
+        """{tensor: (box, FP8 bytes, scales)} of every quantized shard of actor/generate."""
+        out = {}
+        for u in job.units("actor/generate"):
+            shards = u.shards()
+            scales = {(s.device, s.tensor): s for s in shards if s.tensor.endswith("weight_scale_inv")}
+            for s in shards:
+                if s.dtype == "f8_e4m3":
+                    self.assertEqual(s.data.dtype, torch.uint8)
+                    sc = scales[(s.device, s.tensor[:-len("weight")] + "weight_scale_inv")]
+                    self.assertEqual(sc.data.dtype, torch.float32)
+                    out[(u.replica, s.device, s.tensor)] = (s.box, s.data.clone(), sc.data.clone())
+        return out
+
+    def test_sync_into_fp8_units_and_fp8_transition(self):
+        job = grpo_job("tiny-deepseek-v3", self.PLAN, 4)
+        full = full_tensors(job, "actor/train", seed=13)
+        # Block scales that differ by orders of magnitude: each row band its own range.
+        for (name, slot), t in full.items():
+            if slot == "param" and t.dim() == 2:
+                full[(name, slot)] = (t.float() * torch.logspace(-3, 3, t.shape[0])[:, None]).to(t.dtype)
+        write_all(job, "actor/train", full)
+        for stage in job.model_stages:
+            with job.stage(stage):
+                pass
+        job.end_step()
+        self.assertEqual(job.units("actor/generate")[0].version, 1)
+        state = self.fp8_state(job)
+        self.assertGreater(len(state), 20)
+        worst = 0.0
+        for (_, _, name), (box, q, sc) in state.items():
+            x = full[(name, "param")][tuple(slice(lo, hi) for lo, hi in box)].double()
+            ok, w = within_rounding(dequantize(q, sc, box, self.BLOCK), x, element_scales(sc, box, self.BLOCK))
+            self.assertTrue(ok, f"{name} {box}: dequantized within FP8's rounding of the synced bf16 weight")
+            worst = max(worst, w)
+        self.assertGreater(worst, 0.1)  # rounding happened: the bytes are FP8, not a copy
+        # What is not quantized (norms, embedding, router) arrives bf16, bit for bit.
+        for u in job.units("actor/generate"):
+            for s in u.shards():
+                if s.dtype != "f8_e4m3" and not s.tensor.endswith("weight_scale_inv"):
+                    self.assertTrue(torch.equal(s.data, full[(s.tensor, "param")][index(s)]), s)
+        # FP8 -> FP8: TP 2 to PP 2 for the generation stage; dequantized values unchanged.
+        before = {(name, tuple(map(tuple, box))): dequantize(q, sc, box, self.BLOCK)
+                  for (_, _, name), (box, q, sc) in state.items()}
+        p = dict(self.PLAN)
+        p["actor/generate"] = "tp=1,pp=2,dp=2,devices=0-3,dtype=fp8"
+        report = job.transition(p)
+        self.assertTrue(report["completed"], report)
+        after = self.fp8_state(job)
+        self.assertTrue(after)
+        for (_, _, name), (box, q, sc) in after.items():
+            x = full[(name, "param")][tuple(slice(lo, hi) for lo, hi in box)].double()
+            deq = dequantize(q, sc, box, self.BLOCK)
+            for (n0, b0), d0 in before.items():  # every earlier shard overlapping this one agrees exactly
+                if n0 != name:
+                    continue
+                lo = [max(a[0], b[0]) for a, b in zip(box, b0)]
+                hi = [min(a[1], b[1]) for a, b in zip(box, b0)]
+                if all(l < h for l, h in zip(lo, hi)):
+                    mine = deq[lo[0] - box[0][0]:hi[0] - box[0][0], lo[1] - box[1][0]:hi[1] - box[1][0]]
+                    theirs = d0[lo[0] - b0[0][0]:hi[0] - b0[0][0], lo[1] - b0[1][0]:hi[1] - b0[1][0]]
+                    self.assertTrue(torch.equal(mine.nan_to_num(), theirs.nan_to_num()), f"{name} {box}")
+            self.assertTrue(within_rounding(deq, x, element_scales(sc, box, self.BLOCK))[0], name)
+
+    def test_a_training_layout_that_cuts_a_block_is_refused(self):
+        p = dict(self.PLAN)
+        p["actor/train"] = "tp=4,pp=1,dp=1,devices=4-7"  # shared experts' 32 rows cut at 8
+        with self.assertRaisesRegex(nereus.Error, "actor/train', whose weight sync feeds FP8 'actor/generate'.*block"):
+            grpo_job("tiny-deepseek-v3", p, 4)
 
 
 class FrameworkMemory(unittest.TestCase):

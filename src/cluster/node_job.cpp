@@ -20,7 +20,7 @@
 #include "nereus/transport/mixed.hpp"
 #include "nereus/transport/ucx.hpp"
 #include "nccl_bootstrap.hpp"
-#include "offload.hpp"
+#include "nereus/base/offload.hpp"
 #include "unit_build.hpp"
 
 namespace nereus::cluster {
@@ -85,7 +85,7 @@ struct NodeJob::State {
   AsyncScope replies{io.get_executor()};
   std::shared_ptr<Channel*> reply_to;  // where builds and steps report; cleared when the session ends
   int stepping = 0;                     // steps handed to the framework and not answered
-  detail::Offload offload;
+  Offload offload;
 
   State(asio::io_context& i, int r, std::vector<std::unique_ptr<Device>>& d, Metrics& m, StepHost* h,
         std::span<const AdoptedBuffer> a)

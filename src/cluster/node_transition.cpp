@@ -8,7 +8,7 @@
 #include "nereus/cluster/clock_sync.hpp"
 #include "nereus/runtime/participant.hpp"
 #include "nereus/base/error.hpp"
-#include "offload.hpp"
+#include "nereus/base/offload.hpp"
 #include "transition_config.hpp"
 
 namespace nereus::cluster {
@@ -57,7 +57,7 @@ struct NodeTransition::State {
                                                 [per](DeviceId d) { return static_cast<PeerId>(static_cast<int>(d) / per); });
   }
 
-  detail::Offload offload;  // fills, checks and dumps off the event loop
+  Offload offload;  // fills, checks and dumps off the event loop
 };
 
 NodeTransition::NodeTransition(asio::io_context& io, int node_rank, std::uint64_t device_capacity, Metrics& metrics,

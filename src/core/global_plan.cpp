@@ -5,6 +5,7 @@
 
 #include "json_fields.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/presets.hpp"
 
 namespace nereus {
@@ -55,11 +56,6 @@ GlobalPlan parse_global_plan(const JobSpec& job, std::string_view text, std::str
     } catch (const Error& e) {
       throw Error(std::string(origin) + ": model-stage '" + s.name() + "': " + e.what());
     }
-    // FP8 units are planned for one transition at a time (`nereus plan`); a job would load,
-    // step and replan them, none of which handles FP8 yet.
-    if (plan.stages.back().second.layout.fp8)
-      throw Error(std::string(origin) + ": model-stage '" + s.name() +
-                  "': dtype=fp8 in a job's plan is not supported yet (FP8 units move in `nereus bench transition`; jobs do not hold them)");
   }
   return plan;
 }
@@ -104,6 +100,20 @@ std::vector<Collection> plan_collections(const JobSpec& job, const GlobalPlan& p
       const std::string named = "model-stage '" + s.name() + "'";
       throw Error("plan: " + (what.rfind(named, 0) == 0 ? what : named + ": " + what));
     }
+  }
+  // A weight sync quantizes the training stage's blocks where they are read, so its
+  // splits, too, must fall on FP8 block boundaries (sharding.md): refused here, up front,
+  // rather than at the first end_step.
+  const std::vector<ModelStage> stages = model_stages(job);
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const bool fp8 = std::any_of(out[i].units.begin(), out[i].units.end(), [](const Emu& u) { return u.layout.fp8; });
+    if (!fp8) continue;
+    for (std::size_t t = 0; t < stages.size(); ++t)
+      if (stages[t].kind == StageKind::train && stages[t].role == stages[i].role)
+        for (std::size_t u = 0; u < out[t].units.size(); ++u)
+          if (u == 0 || !(out[t].units[u].layout == out[t].units[u - 1].layout))
+            check_fp8_blocks(*stages[t].model, out[t].units[u].layout,
+                             "model-stage '" + stages[t].name() + "', whose weight sync feeds FP8 '" + stages[i].name() + "'");
   }
   return out;
 }

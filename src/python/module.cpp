@@ -5,6 +5,7 @@
 
 #include "nereus/base/error.hpp"
 #include "nereus/base/log.hpp"
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/model.hpp"
 #include "nereus/core/packing.hpp"
 #include "py_job.hpp"
@@ -18,7 +19,10 @@ namespace {
 struct PyShard {
   std::shared_ptr<const void> owner;
   ShardView view;
+  /// The checkpoint's names: an FP8 weight's block scales are its `…weight_scale_inv`
+  /// tensor, slot param (as `--dump` and vLLM name them), not slot `scale` of the weight.
   std::string tensor;
+  std::string slot;
   /// The unit's lifetime (an embedded job's units; none for a member's step views, which
   /// last one step): once it expires the memory is the arena's again, and using the view
   /// raises instead of reading whatever the arena put there next.
@@ -26,7 +30,7 @@ struct PyShard {
   std::string unit_name;  ///< "actor/train unit 0", for that error
   void check() const {
     if (unit && unit->expired())
-      throw Error("shard " + tensor + "@" + std::string(to_string(view.slot)) + " on device " + std::to_string(view.device) +
+      throw Error("shard " + tensor + "@" + slot + " on device " + std::to_string(view.device) +
                   " of " + unit_name + ": a transition freed this unit; take new views from job.units()");
   }
   std::vector<std::int64_t> shape() const {
@@ -112,8 +116,12 @@ py::list shards_of(std::shared_ptr<const void> owner, const JobSpec& job, std::s
   bool known = !slot;
   for (Slot s : kTrainSlots) known = known || to_string(s) == *slot;
   if (!known) throw Error("unknown slot '" + *slot + "' (param, master, exp_avg, exp_avg_sq)");
-  for (const ShardView& v : views)
-    if (!slot || to_string(v.slot) == *slot) out.append(PyShard{owner, v, m.tensor(v.tensor).name, unit, unit_name});
+  for (const ShardView& v : views) {
+    const bool scale = v.slot == Slot::scale;
+    const TensorInfo& info = m.tensor(v.tensor);
+    const std::string shown(to_string(scale ? Slot::param : v.slot));
+    if (!slot || shown == *slot) out.append(PyShard{owner, v, scale ? scale_name(info) : info.name, shown, unit, unit_name});
+  }
   return out;
 }
 
@@ -245,7 +253,7 @@ void bind_job(py::module_& m) {
   py::class_<PyShard>(m, "Shard", "One tensor shard of one slot in a unit (a view of the unit's memory).")
       .def_property_readonly("device", [](const PyShard& s) { return s.view.device; })
       .def_property_readonly("tensor", [](const PyShard& s) { return s.tensor; })
-      .def_property_readonly("slot", [](const PyShard& s) { return std::string(to_string(s.view.slot)); })
+      .def_property_readonly("slot", [](const PyShard& s) { return s.slot; })
       .def_property_readonly("dtype", [](const PyShard& s) { return std::string(to_string(s.view.dtype)); })
       .def_property_readonly("box", [](const PyShard& s) {
         py::list b;
@@ -270,7 +278,7 @@ void bind_job(py::module_& m) {
         return py::make_tuple(static_cast<int>(d.device_type), d.device_id);
       })
       .def("__repr__", [](const PyShard& s) {
-        return "<Shard " + s.tensor + "@" + std::string(to_string(s.view.slot)) + " device " + std::to_string(s.view.device) +
+        return "<Shard " + s.tensor + "@" + s.slot + " device " + std::to_string(s.view.device) +
                " box " + s.view.box.to_string() + ">";
       });
 
@@ -290,8 +298,9 @@ void bind_job(py::module_& m) {
           const BufferSpec& spec = u.view.buffers[b];
           py::dict d;
           d["device"] = spec.key.device;
-          d["buffer"] = buffer_name(m, spec.key.buffer, spec.packing);
-          d["slot"] = std::string(to_string(spec.key.slot));
+          const bool scale = spec.key.slot == Slot::scale;  // named as the checkpoint names it (PyShard)
+          d["buffer"] = (scale ? scale_buffer_name : buffer_name)(m, spec.key.buffer, spec.packing);
+          d["slot"] = std::string(to_string(scale ? Slot::param : spec.key.slot));
           d["dtype"] = std::string(to_string(spec.dtype));
           d["data_ptr"] = reinterpret_cast<std::uintptr_t>(u.view.memory[b].data());
           d["nbytes"] = spec.bytes();

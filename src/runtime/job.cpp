@@ -3,12 +3,14 @@
 #include "nereus/runtime/job.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "job_state.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/core/bytes.hpp"
 #include "nereus/core/packing.hpp"
+#include "nereus/runtime/quantize_pass.hpp"
 #include "nereus/transport/cuda.hpp"
 
 namespace nereus {
@@ -122,11 +124,31 @@ asio::awaitable<ExecutionReport> JobState::copy_units(
                  {reinterpret_cast<std::uint64_t>(u->memory[b].data()), u->memory[b].size(), 0, u->memory[b].kind()});
     }
   const ReshardPlan plan = plan_reshard(from, collection(to, targets), {options.links});
+  std::vector<DeviceId> all(devices.size());
+  std::iota(all.begin(), all.end(), DeviceId{0});
+  ExecutableTransfers moves = executable_transfers(plan, all);
+  // An FP8 target read from bf16 sources: the blocks it reads are quantized first, into
+  // staging beside their sources (sharding.md's quantizer; fp8_moves.hpp), which the
+  // device budget pays for until the copy ends.
+  std::vector<DeviceBuffer> staging;
+  if (!moves.quantize.empty()) {
+    const ModelSpec& m = *plan.target().model;
+    for (const BufferSpec& b : quantize_staging(plan, moves.quantize, all)) {
+      staging.push_back(allocate(b.key.device, b.bytes(),
+                                 "FP8 staging of " + from[b.key.side & ~kQuantizedSide].model_stage + " " +
+                                     buffer_name(m, b.key.buffer, b.packing) + "@" + std::string(to_string(b.key.slot))));
+      table.bind(b.key, {reinterpret_cast<std::uint64_t>(staging.back().data()), staging.back().size(), 0, staging.back().kind()});
+    }
+    auto pass = [&] {
+      run_quantize(m, moves.quantize, table, options.memory, gpus, std::max(1u, options.copy_threads));
+      return 0;
+    };
+    co_await offload(pass);  // gigabytes of blocks: off the event loop the running steps share
+  }
   ExecutorOptions eo = options.executor;
   eo.self = 0;
   Executor executor(*transport, nullptr, [](DeviceId) { return PeerId{0}; }, eo);
-  const auto transfers = plan.transfers();
-  const BoundTransition bound = executor.bind(transfers, plan.target(), table);
+  const BoundTransition bound = executor.bind(moves.transfers, plan.target(), table);
   if (active) active->push_back(&executor);
   ExecutionReport report;
   try {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nereus/base/device.hpp"
+#include "nereus/base/offload.hpp"
 #include "nereus/runtime/graph_run.hpp"
 #include "nereus/runtime/job.hpp"
 #include "nereus/runtime/notifier.hpp"
@@ -62,6 +63,7 @@ class JobState : public std::enable_shared_from_this<JobState> {
   std::int64_t step = 0;
   Notifier changed;       ///< any change of the state below
   std::shared_ptr<TransitionRun> transition;  ///< in flight, or finished but not yet in effect
+  Offload offload;  ///< the quantize pass of FP8 copies, off the event loop
 
   std::size_t index(std::string_view model_stage) const;
   /// Allocates a unit's buffers; throws Error (counting a cap violation) over the budget.

@@ -8,9 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <set>
-#include <thread>
 #include <type_traits>
 
 #include "nereus/base/error.hpp"
@@ -19,7 +17,8 @@
 #include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/packing.hpp"
 #include "nereus/core/sharding.hpp"
-#include "nereus/transport/cuda.hpp"
+#include "nereus/runtime/quantize_pass.hpp"
+#include "on_threads.hpp"
 
 namespace nereus {
 
@@ -205,16 +204,7 @@ UnitStore::UnitStore(const ReshardPlan& plan, std::vector<DeviceId> devices, std
   }
   targets_ = collection_buffers(plan.target(), kTargetSide, mine_);
   moves_ = executable_transfers(plan, mine_);
-  if (moves_.quantize.empty()) return;
-  std::stable_sort(moves_.quantize.begin(), moves_.quantize.end(),
-                   [](const QuantizeTask& a, const QuantizeTask& b) { return a.source < b.source; });
-  // Staging for what our bf16 sources send to FP8 targets: only the buffers read.
-  std::set<BufferKey> read;
-  for (const QuantizeTask& q : moves_.quantize)
-    for (Slot s : {Slot::param, Slot::scale}) read.insert({quantized_side(q.source.side), q.source.device, q.source.buffer, s});
-  for (std::uint32_t c = 0; c < plan.sources().size(); ++c)
-    for (BufferSpec& b : collection_buffers(plan.sources()[c], quantized_side(c), mine_, true))
-      if (read.count(b.key)) staging_.push_back(std::move(b));
+  staging_ = quantize_staging(plan, moves_.quantize, mine_);  // what our bf16 sources send to FP8 targets
 }
 
 namespace {
@@ -230,33 +220,6 @@ void commit_pages(std::byte* p, std::size_t n) {
   if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0) return;
 #endif
   for (std::size_t off = 0; off < n; off += page) p[off] = std::byte{0};  // older kernels
-}
-
-/// Runs work(k) for k = 0 here and 1..threads-1 on threads of their own, then rethrows
-/// the first exception once every thread has ended (a device without memory, a failed
-/// upload): an exception must neither leave a thread joinable nor escape one.
-template <class F>
-void on_threads(unsigned threads, F work) {
-  std::mutex m;
-  std::exception_ptr first;
-  auto guarded = [&](unsigned k) {
-    try {
-      work(k);
-    } catch (...) {
-      const std::lock_guard lock(m);
-      if (!first) first = std::current_exception();
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(guarded, k);
-  } catch (...) {  // no thread to be had: the ones started still run to their end
-    for (auto& t : pool) t.join();
-    throw;
-  }
-  guarded(0);
-  for (auto& t : pool) t.join();
-  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace
@@ -311,42 +274,11 @@ void UnitStore::allocate_and_fill(unsigned threads) {
       }
     }
   };
-  on_threads(threads, [&](unsigned) { work(); });
+  detail::on_threads(threads, [&](unsigned) { work(); });
 }
 
 void UnitStore::quantize(unsigned threads) {
-  if (moves_.quantize.empty()) return;
-  const ModelSpec& m = *plan_.target().model;
-  const std::int64_t bo = m.config().fp8_block[0], bi = m.config().fp8_block[1];
-  // One source buffer's boxes on one thread: two targets may read overlapping boxes of it,
-  // whose common blocks would otherwise be written by two threads at once.
-  const auto& tasks = moves_.quantize;  // sorted by source buffer (constructor)
-  std::vector<std::pair<std::size_t, std::size_t>> groups;  // [first, last) of one buffer
-  for (std::size_t i = 0; i < tasks.size();) {
-    std::size_t j = i + 1;
-    while (j < tasks.size() && tasks[j].source == tasks[i].source) ++j;
-    groups.push_back({i, j});
-    i = j;
-  }
-  auto run = [&](const QuantizeTask& q) {
-    const TensorInfo& info = m.tensor(q.tensor);
-    const BufferKey staged{quantized_side(q.source.side), q.source.device, q.source.buffer, Slot::param};
-    const BufferKey scales{staged.side, staged.device, staged.buffer, Slot::scale};
-    const auto* from = reinterpret_cast<const std::byte*>(table_.find(q.source)->address);
-    auto* to = reinterpret_cast<std::uint8_t*>(table_.find(staged)->address);
-    auto* sc = reinterpret_cast<float*>(table_.find(scales)->address);
-    const fp8::Region region{from + q.weight.offset * width(info.dtype), fp8_source(info.dtype), q.box.dims[0].size(), q.box.dims[1].size(), q.weight.strides[0]};
-    if (kind_ == MemoryKind::cuda)  // the same bytes, by the GPU quantizer on the GPU holding them
-      quantize_fp8_on_gpu(devices_.at(q.source.device)->gpu(), region, bo, bi, to + q.weight.offset, q.weight.strides[0],
-                          sc + q.scales.offset, q.scales.strides[0]);
-    else
-      fp8::quantize(region, bo, bi, to + q.weight.offset, q.weight.strides[0], sc + q.scales.offset, q.scales.strides[0]);
-  };
-  std::atomic<std::size_t> next{0};
-  on_threads(threads, [&](unsigned) {
-    for (std::size_t g = next++; g < groups.size(); g = next++)
-      for (std::size_t i = groups[g].first; i < groups[g].second; ++i) run(tasks[i]);
-  });
+  run_quantize(*plan_.target().model, moves_.quantize, table_, kind_, gpus_, threads);
 }
 
 const std::byte* UnitStore::address(const BufferSpec& b) const {
@@ -371,7 +303,7 @@ FillCheck UnitStore::verify(const std::vector<BufferSpec>& bufs, unsigned thread
     for (std::size_t i = next++; i < bufs.size(); i = next++)
       res.merge(on_host(bufs[i], [&](const std::byte* at) { return check_buffer(m, bufs[i], at); }));
   };
-  on_threads(static_cast<unsigned>(results.size()), [&](unsigned k) { work(results[k]); });
+  detail::on_threads(static_cast<unsigned>(results.size()), [&](unsigned k) { work(results[k]); });
   FillCheck all;
   for (const auto& r : results) all.merge(r);
   return all;

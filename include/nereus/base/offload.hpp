@@ -1,12 +1,12 @@
 #pragma once
-// Work a daemon runs off its event loop (src/cluster only): filling, checking and dumping
-// gigabytes must not stall heartbeats and the other sessions.
+// Work run off an event loop: filling, checking, quantizing and dumping gigabytes must not
+// stall a daemon's heartbeats and other sessions, nor a job's running steps.
 #include <boost/asio/thread_pool.hpp>
 #include <type_traits>
 
 #include "nereus/base/asio.hpp"
 
-namespace nereus::cluster::detail {
+namespace nereus {
 
 class Offload {
  public:
@@ -23,4 +23,4 @@ class Offload {
   asio::thread_pool helper_{1};
 };
 
-}  // namespace nereus::cluster::detail
+}  // namespace nereus
