@@ -441,3 +441,39 @@ TEST_CASE("simulator: a ReMax job (actor, reference, reward; no critic, no old l
     CHECK_FALSE(has(s.plan, "ai="));
   }
 }
+
+TEST_CASE("controller: every plan it proposes holds each model-stage as the job does (FP8, fused packing)") {
+  // A GRPO job on tiny-deepseek-v3 (16×16 FP8 blocks; TP 4 cuts its shared experts' 32
+  // rows inside a block): generation held in FP8, training in fused packing.
+  const JobSpec job = parse_job(R"({"algorithm": "grpo", "prompts_per_step": 16, "samples_per_prompt": 2,
+    "prompt_len": 64, "max_response_len": 256,
+    "models": {"actor": "tiny-deepseek-v3", "reference": "tiny-deepseek-v3", "reward": "rule"}})", "test");
+  auto held_as_job = [&](const GlobalPlan& p) {
+    CAPTURE(plan_text(p));
+    CHECK(p.find("actor/generate")->layout.fp8);
+    CHECK(p.find("actor/train")->layout.packing == Packing::fused);
+    CHECK_FALSE(p.find("actor/infer")->layout.fp8);
+    // Every FP8 split, and the training stage's that syncs into it, on block boundaries.
+    CHECK_NOTHROW(plan_collections(job, p));
+  };
+  ControllerOptions o;
+  o.planner.representation = {{"actor/generate", {Packing::hf, true}}, {"actor/train", {Packing::fused, false}}};
+  Controller ctl(job, load_cluster("paper-cluster-3-h200"), o);
+  const GlobalPlan plan = ctl.initial({0, 8, 64, 80, 1});
+  held_as_job(plan);
+  // A controller told nothing takes the representation from the plan it is on, through a
+  // length drift, a lost GPU (urgent) and the fallback's rescale.
+  Controller fresh(job, load_cluster("paper-cluster-3-h200"));
+  GlobalPlan on = plan;
+  int admitted = 0;
+  for (const Signals& s : {Signals{1, 8, 200, 240, 1}, Signals{2, 4, 200, 240, 1}, Signals{3, 1, 200, 240, 1}}) {
+    const Decision d = fresh.decide(s, on);
+    CAPTURE(s.step);
+    CAPTURE(d.why);
+    if (!d.admitted) continue;
+    ++admitted;
+    held_as_job(d.target);
+    on = d.target;
+  }
+  CHECK(admitted >= 2);
+}

@@ -45,14 +45,18 @@ def new_job(**kw):
     return nereus.Job(JOB, kw.pop("plan", BASE), **kw)
 
 
+def grpo_spec(d, model, prompts_per_step):
+    """A GRPO job file in directory d whose actor and reference are `model`, with a rule reward."""
+    path = os.path.join(d, "grpo.json")
+    with open(path, "w") as f:
+        json.dump({"algorithm": "grpo", "prompts_per_step": prompts_per_step, "samples_per_prompt": 2, "prompt_len": 16,
+                   "max_response_len": 32, "models": {"actor": model, "reference": model, "reward": "rule"}}, f)
+    return path
+
+
 def grpo_job(model, plan, prompts_per_step):
-    """A GRPO job whose actor and reference are `model`, with a rule reward."""
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "grpo.json")
-        with open(path, "w") as f:
-            json.dump({"algorithm": "grpo", "prompts_per_step": prompts_per_step, "samples_per_prompt": 2, "prompt_len": 16,
-                       "max_response_len": 32, "models": {"actor": model, "reference": model, "reward": "rule"}}, f)
-        return nereus.Job(path, plan, devices=8, capacity="64MiB")
+        return nereus.Job(grpo_spec(d, model, prompts_per_step), plan, devices=8, capacity="64MiB")
 
 
 def index(shard):
@@ -212,6 +216,13 @@ class Fp8Units(unittest.TestCase):
                     out[(u.replica, s.device, s.tensor)] = (s.box, s.data.clone(), sc.data.clone())
         return out
 
+    def assertSameFp8(self, job, state):
+        """Every FP8 shard of actor/generate and its scales as in `state`, bit for bit."""
+        now = self.fp8_state(job)
+        self.assertEqual(set(now), set(state))
+        for k, (box, q, sc) in now.items():
+            self.assertTrue(torch.equal(q, state[k][1]) and torch.equal(sc, state[k][2]), k)
+
     def test_sync_into_fp8_units_and_fp8_transition(self):
         job = grpo_job("tiny-deepseek-v3", self.PLAN, 4)
         full = full_tensors(job, "actor/train", seed=13)
@@ -261,6 +272,77 @@ class Fp8Units(unittest.TestCase):
                     theirs = d0[lo[0] - b0[0][0]:hi[0] - b0[0][0], lo[1] - b0[1][0]:hi[1] - b0[1][0]]
                     self.assertTrue(torch.equal(mine.nan_to_num(), theirs.nan_to_num()), f"{name} {box}")
             self.assertTrue(within_rounding(deq, x, element_scales(sc, box, self.BLOCK))[0], name)
+
+    def test_weights_and_checkpoints_of_fp8_units(self):
+        with tempfile.TemporaryDirectory() as d:
+            spec = grpo_spec(d, "tiny-deepseek-v3", 4)
+            job = nereus.Job(spec, self.PLAN, devices=8, capacity="64MiB")
+            shapes = {}
+            for u in job.units("actor/train"):
+                for s in u.shards():
+                    shapes[s.tensor] = [max(a, hi) for a, (lo, hi) in zip(shapes.get(s.tensor, [0] * len(s.box)), s.box)]
+            g = torch.Generator().manual_seed(17)
+            weights = {}
+            for n, shape in shapes.items():
+                t = torch.randn(shape, generator=g)
+                if len(shape) == 2:
+                    t = t * torch.logspace(-2, 2, shape[0])[:, None]
+                weights[n] = t.to(torch.bfloat16).float()
+            write_safetensors(os.path.join(d, "model.safetensors"), weights)
+            # float32 weights into every actor stage: the FP8 one quantizes them as it reads.
+            job.load_weights("actor", os.path.join(d, "model.safetensors"))
+            state = self.fp8_state(job)
+            self.assertGreater(len(state), 20)
+            for (_, _, name), (box, q, sc) in state.items():
+                x = weights[name][tuple(slice(lo, hi) for lo, hi in box)].double()
+                self.assertTrue(within_rounding(dequantize(q, sc, box, self.BLOCK), x, element_scales(sc, box, self.BLOCK))[0], name)
+            # The same bytes a weight sync writes from those weights.
+            synced = nereus.Job(spec, self.PLAN, devices=8, capacity="64MiB")
+            for u in synced.units("actor/train"):
+                for s in u.shards():
+                    s.data.copy_(weights[s.tensor][index(s)])
+            for stage in synced.model_stages:
+                with synced.stage(stage):
+                    pass
+            synced.end_step()
+            self.assertSameFp8(synced, state)
+            # save_weights writes the FP8 stage as its checkpoint ships: F8_E4M3 and weight_scale_inv.
+            out = os.path.join(d, "fp8.safetensors")
+            job.save_weights("actor/generate", out)
+            back = read_safetensors(out)
+            for name in {n for (_, _, n) in state}:
+                self.assertEqual(back[name].dtype, torch.uint8)
+                scale = back[name[:-len("weight")] + "weight_scale_inv"]
+                self.assertEqual(scale.dtype, torch.float32)
+                self.assertEqual(list(scale.shape), [-(-s // b) for s, b in zip(shapes[name], self.BLOCK)])
+                full = [(0, shapes[name][0]), (0, shapes[name][1])]
+                deq = dequantize(back[name], scale, full, self.BLOCK)
+                self.assertTrue(within_rounding(deq, weights[name].double(), element_scales(scale, full, self.BLOCK))[0], name)
+            # ... which an FP8 stage loads as it is, bit for bit, and a bf16 one refuses.
+            again = nereus.Job(spec, self.PLAN, devices=8, capacity="64MiB")
+            again.load_weights("actor/generate", out)
+            self.assertSameFp8(again, state)
+            with self.assertRaisesRegex(nereus.Error, "block-scaled FP8 .* only dtype=fp8 units"):
+                again.load_weights("actor", out)
+            # A checkpoint of the job resumes its FP8 units exactly.
+            job.save_checkpoint(os.path.join(d, "ckpt"))
+            resumed = nereus.Job.resume(os.path.join(d, "ckpt"), spec, devices=8, capacity="64MiB")
+            self.assertSameFp8(resumed, state)
+
+    def test_a_sync_of_the_fill_holds_the_fill_quantized(self):
+        with tempfile.TemporaryDirectory() as d:
+            job = nereus.Job(grpo_spec(d, "tiny-deepseek-v3", 4), self.PLAN, devices=8, capacity="64MiB", fill=True)
+        for u in job.units("actor/generate"):  # what the sync must write back
+            for s in u.shards():
+                s.data.zero_()
+        self.assertFalse(job.verify()["ok"])
+        for stage in job.model_stages:
+            with job.stage(stage):
+                pass
+        job.end_step()
+        self.assertEqual(job.units("actor/generate")[0].version, 1)
+        check = job.verify()  # sharding.md's fill of every unit; FP8 ones: the fill quantized
+        self.assertTrue(check["ok"], check["first_error"])
 
     def test_a_training_layout_that_cuts_a_block_is_refused(self):
         p = dict(self.PLAN)
@@ -539,7 +621,7 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         lo, hi = e["data_offsets"]
-        dtype = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}[e["dtype"]]
+        dtype = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16, "F8_E4M3": torch.uint8}[e["dtype"]]
         out[name] = torch.frombuffer(bytearray(data[lo:hi]), dtype=dtype).reshape(e["shape"])
     return out
 

@@ -187,7 +187,7 @@ GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
       stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false, spec.layout.ep, spec.layout.etp}, 0, {}});
     }
   }
-  GlobalPlan p = place(job_, stages);
+  GlobalPlan p = place(job_, stages, representation_of(current));
   // Never a unit outside the pool: when a phase's units need more GPUs than there are,
   // the later ones wrap onto GPUs that earlier ones use and run after them. Blocks are
   // aligned to their unit size, so a wrapped TP group stays inside a node.
@@ -252,6 +252,8 @@ void Controller::observe(const GlobalPlan& ran_on, const StepObservation& o) {
 
 Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Every plan proposed from here holds each model-stage as `current` does (packing, FP8).
+  options_.planner.representation = representation_of(current);
   auto done = [&](Decision& d) {
     d.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (d.replanned || d.admitted)  // one line per decision, with its numbers

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "nereus/base/error.hpp"
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/plan/overlap.hpp"
 
 namespace nereus {
@@ -126,12 +127,17 @@ std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const
     for (int ep = 1; ep <= std::min<std::int64_t>(gpus, m.experts); ep *= 2)
       for (int etp : {0, 1}) experts.push_back({ep, etp});
   }
+  // An FP8 stage, and the training stage whose weight sync feeds one, split on blocks.
+  bool on_blocks = false;
+  for (const auto& [name, r] : o.representation)
+    on_blocks = on_blocks || (r.fp8 && (name == stage.name() || (stage.kind == StageKind::train && role_of(name) == stage.role)));
   std::vector<Candidate> out;
   for (int tp = 1; tp <= std::min(gpn, gpus); ++tp) {
     if (!valid_tp(m, tp)) continue;
     for (auto [ep, etp] : experts) {
       if (etp == 1 && tp == 1) continue;  // the same as etp = tp
       if (!broken_expert_rule(m, Candidate{tp, 1, 1, false, ep, etp}.layout()).empty()) continue;
+      if (on_blocks && cuts_fp8_block(*stage.model, Candidate{tp, 1, 1, false, ep, etp}.layout())) continue;
       for (int pp = 1; pp <= std::min<std::int64_t>(o.max_pp, m.layers); pp *= 2)
         for (int dp = 1; tp * pp * ep * dp <= gpus; ++dp) {
           if (sequences % dp != 0) continue;
@@ -151,7 +157,14 @@ Candidate candidate_of(const CollectionSpec& spec, bool recompute) {
   return {spec.layout.tp, spec.layout.pp, spec.dp, recompute, spec.layout.ep, spec.layout.etp};
 }
 
-GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages) {
+std::map<std::string, Representation> representation_of(const GlobalPlan& plan) {
+  std::map<std::string, Representation> out;
+  for (const auto& [name, spec] : plan.stages) out[name] = {spec.layout.packing, spec.layout.fp8};
+  return out;
+}
+
+GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages,
+                 const std::map<std::string, Representation>& representation) {
   std::map<std::string, CollectionSpec> specs;
   for (const auto& phase : job.phases()) {
     std::vector<const PlannedStage*> in;
@@ -165,6 +178,10 @@ GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages) {
     for (const PlannedStage* p : in) {
       CollectionSpec spec;
       spec.layout = p->candidate.layout();
+      if (const auto r = representation.find(p->model_stage); r != representation.end()) {
+        spec.layout.packing = r->second.packing;
+        spec.layout.fp8 = r->second.fp8;
+      }
       spec.dp = p->candidate.dp;
       for (int k = 0; k < p->candidate.gpus(); ++k) spec.devices.push_back(offset + k);
       offset += p->candidate.gpus();
@@ -269,7 +286,7 @@ PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Wor
       out.fast_path = true;
       out.step_seconds = total;
       out.peak_memory_bytes = static_cast<std::uint64_t>(resident + transient) + model.overhead_bytes();
-      out.plan = place(job, out.stages);
+      out.plan = place(job, out.stages, o.representation);
       out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       return out;
     }
@@ -370,7 +387,7 @@ PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Wor
     c.feasible = true;
     c.step_seconds = chain.back()[point].t;
     c.peak_memory_bytes = static_cast<std::uint64_t>(chain.back()[point].r + chain.back()[point].x) + model.overhead_bytes();
-    c.plan = place(job, c.stages);
+    c.plan = place(job, c.stages, o.representation);
     c.candidates = out.candidates;
     c.frontier = out.frontier;
     return c;

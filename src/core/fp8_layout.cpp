@@ -96,7 +96,11 @@ void fp8_fill(const ModelConfig& m, const TensorInfo& t, const Box& w, std::uint
     }
 }
 
-void check_fp8_blocks(const ModelSpec& model, const Layout& layout, const std::string& role) {
+namespace {
+
+/// The first split of a quantizable tensor in `layout` inside a block, as the error's
+/// words; empty when every split falls on a block boundary.
+std::string first_block_cut(const ModelSpec& model, const Layout& layout) {
   const ModelConfig& m = model.config();
   bool seen[kTensorKinds] = {};
   for (const TensorInfo& t : model.tensors()) {
@@ -110,13 +114,22 @@ void check_fp8_blocks(const ModelSpec& model, const Layout& layout, const std::s
       const Range part = tp_range(m, t, ranks, r);
       for (const std::int64_t cut : {part.lo, part.hi})
         if (cut % b != 0 && cut != extent)
-          throw Error("layout " + to_string(layout) + " (" + role + "): " + t.name + " is split at " +
-                      (axis == 0 ? "row " : "column ") + std::to_string(cut) + ", inside an FP8 block of " +
-                      std::to_string(b) + (axis == 0 ? " rows" : " columns") +
-                      " (quantization_config.weight_block_size [" + std::to_string(m.fp8_block[0]) + ", " +
-                      std::to_string(m.fp8_block[1]) + "]); every split of a quantized weight must fall on a block boundary");
+          return t.name + " is split at " + (axis == 0 ? "row " : "column ") + std::to_string(cut) + ", inside an FP8 block of " +
+                 std::to_string(b) + (axis == 0 ? " rows" : " columns") + " (quantization_config.weight_block_size [" +
+                 std::to_string(m.fp8_block[0]) + ", " + std::to_string(m.fp8_block[1]) +
+                 "]); every split of a quantized weight must fall on a block boundary";
     }
   }
+  return {};
 }
+
+}  // namespace
+
+void check_fp8_blocks(const ModelSpec& model, const Layout& layout, const std::string& role) {
+  if (const std::string cut = first_block_cut(model, layout); !cut.empty())
+    throw Error("layout " + to_string(layout) + " (" + role + "): " + cut);
+}
+
+bool cuts_fp8_block(const ModelSpec& model, const Layout& layout) { return !first_block_cut(model, layout).empty(); }
 
 }  // namespace nereus

@@ -12,6 +12,8 @@
 #include "job_state.hpp"
 #include "nereus/base/error.hpp"
 #include "nereus/core/bytes.hpp"
+#include "nereus/core/fp8.hpp"
+#include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/presets.hpp"
 #include "nereus/core/safetensors.hpp"
 
@@ -63,33 +65,59 @@ class File {
   int fd_;
 };
 
-/// A checkpoint's tensors by name, checked against the model, with their files open.
+/// A quantizable weight's `…weight_scale_inv` as a tensor of its own: float32, one per
+/// block (sharding.md).
+TensorInfo scale_tensor(const ModelConfig& cfg, const TensorInfo& t) {
+  TensorInfo s = t;
+  s.name = scale_name(t);
+  s.dtype = DType::f32;
+  const Box blocks = fp8_scale_box(cfg, Box::of_shape({t.shape[0], t.shape[1]}));
+  s.shape = {blocks.dims[0].hi, blocks.dims[1].hi};
+  return s;
+}
+
+/// A checkpoint's tensors by name, checked against the model, with their files open. A
+/// quantizable weight may be stored block-scaled FP8 (F8_E4M3 with its F32
+/// `…weight_scale_inv`, as DeepSeek-V3 ships and save_weights writes a dtype=fp8 stage).
 struct Checkpoint {
   std::map<std::string, CheckpointTensor> tensors;
   std::map<std::string, std::unique_ptr<File>> files;
+  std::string path;
 
-  Checkpoint(const ModelSpec& m, const std::string& path) {
+  Checkpoint(const ModelSpec& m, const std::string& path_) : path(path_) {
     std::vector<CheckpointTensor> list = read_checkpoint_tensors(path);
     for (const auto& t : list)
       if (!t.dtype) throw Error(path + ": shard file '" + t.file + "' of tensor '" + t.name + "' is missing");
-    for (const auto& info : m.tensors()) {
+    auto take = [&](const TensorInfo& info, bool may_be_fp8) {
       auto it = std::find_if(list.begin(), list.end(), [&](const CheckpointTensor& t) { return t.name == info.name; });
       if (it == list.end()) throw Error(path + " lacks tensor '" + info.name + "' of model " + m.name());
       std::vector<std::int64_t> want(info.shape.begin(), info.shape.begin() + info.rank);
       if (*it->shape != want)
         throw Error(path + ": tensor '" + info.name + "' has shape " + json(*it->shape).dump() + " but the model has " +
                     json(want).dump());
-      if (!parse_safetensors_dtype(*it->dtype))
-        throw Error(path + ": tensor '" + info.name + "' has dtype " + *it->dtype + "; BF16, F16 or F32 are read");
+      const bool fp8 = *it->dtype == "F8_E4M3";
+      if (!parse_safetensors_dtype(*it->dtype) && !(fp8 && may_be_fp8))
+        throw Error(path + ": tensor '" + info.name + "' has dtype " + *it->dtype + "; BF16, F16 or F32 are read" +
+                    (may_be_fp8 ? ", or F8_E4M3 with its weight_scale_inv" : ""));
       if (!files.contains(it->file)) files.emplace(it->file, std::make_unique<File>(it->file));
       tensors.emplace(info.name, *it);
-    }
+      return fp8;
+    };
+    for (const auto& info : m.tensors())
+      if (take(info, quantizable(info))) take(scale_tensor(m.config(), info), false);
   }
+
+  bool fp8(const TensorInfo& info) const { return *tensors.at(info.name).dtype == "F8_E4M3"; }
 
   /// Reads `box` of tensor `info` into a contiguous block of element type `to` at `out`.
   void read_box(const TensorInfo& info, const Box& box, DType to, std::byte* out, std::vector<std::byte>& scratch) const {
     const CheckpointTensor& t = tensors.at(info.name);
-    const DType from = *parse_safetensors_dtype(*t.dtype);
+    const bool fp8 = *t.dtype == "F8_E4M3";
+    if (fp8 != (to == DType::e4m3))
+      throw Error(path + ": tensor '" + info.name + "' is " + (fp8 ? "block-scaled FP8 (F8_E4M3)" : *t.dtype) +
+                  (fp8 ? "; only dtype=fp8 units read it (loading it into bf16 would need it dequantized, which is not done)"
+                       : "; read into an FP8 unit it is quantized (read_buffer)"));
+    const DType from = fp8 ? DType::e4m3 : *parse_safetensors_dtype(*t.dtype);
     const File& f = *files.at(t.file);
     for_each_run(info, box, [&](std::int64_t first, std::int64_t n) {
       const auto count = static_cast<std::size_t>(n);
@@ -104,6 +132,53 @@ struct Checkpoint {
       out += count * width(to);
     });
   }
+
+  /// Reads one buffer of a unit (`bufs[b]`, at `base`; `all` are the unit's buffers at
+  /// `bases`). An FP8 weight buffer takes its scales with it: read as they are from an FP8
+  /// checkpoint, or quantized here from a bf16/f16/f32 one with sharding.md's quantizer
+  /// (the same bytes a weight sync writes: every split falls on a block boundary). Scale
+  /// buffers are skipped (their weight buffer writes them).
+  void read_buffer(const ModelSpec& m, const std::vector<BufferSpec>& bufs, std::size_t b,
+                   const std::vector<std::span<std::byte>>& bases, std::vector<std::byte>& scratch) const {
+    const BufferSpec& spec = bufs[b];
+    if (spec.key.slot == Slot::scale) return;
+    std::byte* base = bases[b].data();
+    if (spec.dtype != DType::e4m3) {
+      for (const BufferSpec::Part& p : spec.parts)
+        read_box(m.tensor(p.tensor), p.shard, spec.dtype, base + static_cast<std::size_t>(p.base) * width(spec.dtype), scratch);
+      return;
+    }
+    std::size_t sb = 0;
+    while (sb < bufs.size() && !(bufs[sb].key.slot == Slot::scale && bufs[sb].key.device == spec.key.device &&
+                                 bufs[sb].key.buffer == spec.key.buffer))
+      ++sb;
+    if (sb == bufs.size()) throw Error("FP8 buffer without its scale buffer on device " + std::to_string(spec.key.device));
+    const ModelConfig& cfg = m.config();
+    std::vector<std::byte> source;
+    for (std::size_t k = 0; k < spec.parts.size(); ++k) {
+      const BufferSpec::Part& p = spec.parts[k];
+      const BufferSpec::Part& sp = bufs[sb].parts.at(k);  // a scale buffer stacks its parts in the weight buffer's order
+      const TensorInfo& info = m.tensor(p.tensor);
+      auto* q = reinterpret_cast<std::uint8_t*>(base + static_cast<std::size_t>(p.base));
+      auto* scales = reinterpret_cast<float*>(bases[sb].data() + static_cast<std::size_t>(sp.base) * 4);
+      if (fp8(info)) {
+        read_box(info, p.shard, DType::e4m3, reinterpret_cast<std::byte*>(q), scratch);
+        read_box(scale_tensor(cfg, info), sp.shard, DType::f32, reinterpret_cast<std::byte*>(scales), scratch);
+        continue;
+      }
+      const CheckpointTensor& t = tensors.at(info.name);
+      const DType from = *parse_safetensors_dtype(*t.dtype);
+      const std::int64_t rows = p.shard.dims[0].size(), cols = p.shard.dims[1].size();
+      source.resize(static_cast<std::size_t>(rows * cols) * width(from));
+      std::byte* at = source.data();
+      for_each_run(info, p.shard, [&](std::int64_t first, std::int64_t n) {
+        files.at(t.file)->read(t.offset + static_cast<std::uint64_t>(first) * width(from), at, static_cast<std::size_t>(n) * width(from));
+        at += static_cast<std::size_t>(n) * width(from);
+      });
+      fp8::quantize({source.data(), fp8_source(from), rows, cols, cols}, cfg.fp8_block[0], cfg.fp8_block[1], q, cols, scales,
+                    sp.shard.dims[1].size());
+    }
+  }
 };
 
 /// Writes one slot of `units` (replica 0 first; any replica holding a box will do) as a
@@ -112,16 +187,13 @@ void write_slot(const ModelSpec& m, const std::vector<UnitPtr>& units, Slot slot
   // Replica 0's shards of this slot, by tensor (replicated shards: every copy; one is written).
   LiveUnit& u = *units.at(0);
   const auto host = std::make_shared<HostMirror>(u, true);  // GPU memory: a host copy the writer reads
-  std::vector<std::vector<ShardView>> by_tensor(m.tensors().size());
+  std::vector<std::vector<ShardView>> by_tensor(m.tensors().size()), scales(m.tensors().size());
   for (const ShardView& v : shard_views(u.buffers, host->spans()))
     if (v.slot == slot) by_tensor[v.tensor].push_back(v);
+    else if (v.slot == Slot::scale && slot == Slot::param) scales[v.tensor].push_back(v);
   std::vector<SafetensorsOut> out;
-  for (TensorId id = 0; id < m.tensors().size(); ++id) {
-    const TensorInfo& info = m.tensor(id);
-    const std::vector<ShardView>& parts = by_tensor[id];
-    DType dtype = slot_dtype(slot, info.dtype);
-    if (parts.empty()) throw Error("save: replica 0 holds no " + std::string(to_string(slot)) + " of '" + info.name + "'");
-    dtype = parts[0].dtype;
+  auto add = [&](const TensorInfo& info, const std::vector<ShardView>& parts) {
+    const DType dtype = parts[0].dtype;
     std::vector<std::int64_t> shape(info.shape.begin(), info.shape.begin() + info.rank);
     out.push_back({info.name, dtype, shape, [info, parts, dtype, host](std::byte* dst, std::size_t) {
                      std::vector<Box> done;
@@ -136,6 +208,13 @@ void write_slot(const ModelSpec& m, const std::vector<UnitPtr>& units, Slot slot
                        });
                      }
                    }});
+  };
+  for (TensorId id = 0; id < m.tensors().size(); ++id) {
+    const TensorInfo& info = m.tensor(id);
+    if (by_tensor[id].empty()) throw Error("save: replica 0 holds no " + std::string(to_string(slot)) + " of '" + info.name + "'");
+    add(info, by_tensor[id]);
+    // A dtype=fp8 stage's weight as its checkpoint ships it: F8_E4M3 and its scale_inv.
+    if (!scales[id].empty()) add(scale_tensor(m.config(), info), scales[id]);
   }
   write_safetensors(path, out);
 }
@@ -161,11 +240,10 @@ void load_slots(JobState& s, std::size_t i, const std::string& dir) {
   for (const UnitPtr& u : s.slots[i].units) {
     const HostMirror host(*u, false);  // every byte is read from the files
     for (std::size_t b = 0; b < u->buffers.size(); ++b) {
-      const BufferSpec& spec = u->buffers[b];
-      auto& f = files[spec.key.slot];
-      if (!f) f = std::make_unique<Checkpoint>(*st.model, dir + "/" + file_stem(st.name()) + "." + std::string(to_string(spec.key.slot)) + ".safetensors");
-      for (const BufferSpec::Part& p : spec.parts)
-        f->read_box(st.model->tensor(p.tensor), p.shard, spec.dtype, host.data(b) + static_cast<std::size_t>(p.base) * width(spec.dtype), scratch);
+      const Slot slot = u->buffers[b].key.slot == Slot::scale ? Slot::param : u->buffers[b].key.slot;
+      auto& f = files[slot];
+      if (!f) f = std::make_unique<Checkpoint>(*st.model, dir + "/" + file_stem(st.name()) + "." + std::string(to_string(slot)) + ".safetensors");
+      f->read_buffer(*st.model, u->buffers, b, host.spans(), scratch);
     }
     host.commit();
   }
@@ -182,6 +260,16 @@ void Job::load_weights(std::string_view what, const std::string& path) {
   if (targets.empty()) s.index(what);  // throws, naming the model-stages
   // Open and check everything before the first byte lands in a unit.
   const Checkpoint ckpt(*s.stages[targets[0]].model, path);
+  for (std::size_t i : targets)
+    for (const UnitPtr& u : s.slots[i].units)
+      for (const BufferSpec& spec : u->buffers)
+        if (spec.dtype != DType::e4m3 && spec.key.slot != Slot::scale && spec.key.slot != Slot::exp_avg &&
+            spec.key.slot != Slot::exp_avg_sq)
+          for (const BufferSpec::Part& p : spec.parts)
+            if (ckpt.fp8(s.stages[i].model->tensor(p.tensor)))
+              throw Error(path + ": tensor '" + s.stages[i].model->tensor(p.tensor).name + "' is block-scaled FP8 (F8_E4M3) and '" +
+                          s.stages[i].name() + "' holds it in " + std::string(to_string(spec.dtype)) +
+                          "; only dtype=fp8 units read FP8 weights (they are not dequantized)");
   std::vector<std::byte> scratch;
   for (std::size_t i : targets) {
     const ModelSpec& m = *s.stages[i].model;
@@ -189,13 +277,10 @@ void Job::load_weights(std::string_view what, const std::string& path) {
       const HostMirror host(*u, true);  // buffers of other slots come back unchanged
       for (std::size_t b = 0; b < u->buffers.size(); ++b) {
         const BufferSpec& spec = u->buffers[b];
-        std::byte* base = host.data(b);
-        if (spec.key.slot == Slot::exp_avg || spec.key.slot == Slot::exp_avg_sq) {
-          std::memset(base, 0, spec.bytes());
-          continue;
-        }
-        for (const BufferSpec::Part& p : spec.parts)  // param, and master as f32
-          ckpt.read_box(m.tensor(p.tensor), p.shard, spec.dtype, base + static_cast<std::size_t>(p.base) * width(spec.dtype), scratch);
+        if (spec.key.slot == Slot::exp_avg || spec.key.slot == Slot::exp_avg_sq)
+          std::memset(host.data(b), 0, spec.bytes());
+        else
+          ckpt.read_buffer(m, u->buffers, b, host.spans(), scratch);  // param, and master as f32
       }
       host.commit();
     }

@@ -9,6 +9,7 @@
 // same GPUs (times add up; resident memory adds up, since a GPU keeps one model-stage of
 // each phase; transient memory: the largest, since one stage runs at a time). A plan is
 // feasible when resident + transient + overhead fits the GPU with 10% headroom.
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,12 +19,24 @@
 
 namespace nereus {
 
+/// How a model-stage holds its tensors: the user's choice, which every plan the planner
+/// proposes keeps (it chooses parallelism and placement, never packing or dtype).
+struct Representation {
+  Packing packing = Packing::hf;
+  bool fp8 = false;  ///< dtype=fp8: its layouts, and its training stage's, split on FP8 blocks
+  bool operator==(const Representation&) const = default;
+};
+/// Each model-stage's representation in `plan` (its first unit's).
+std::map<std::string, Representation> representation_of(const GlobalPlan& plan);
+
 struct PlannerOptions {
   double headroom = 0.1;
   int max_pp = 8;
   /// GPU counts a model-stage may take beyond one node are whole nodes (keeps the search
   /// small at large pools; 0: automatic, whole nodes above 64 GPUs).
   int granularity = 0;
+  /// By model-stage; a stage not named holds hf packing in the config's dtype.
+  std::map<std::string, Representation> representation;
 };
 
 /// One model-stage's choice and what the cost model predicts for it.
@@ -86,8 +99,10 @@ PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const Glo
 Candidate candidate_of(const CollectionSpec& spec, bool recompute = false);
 
 /// Lays out chosen candidates on GPUs 0..: per phase, model-stages in descending unit size
-/// on consecutive blocks, so TP groups (powers of two, at most a node) stay inside a node.
-GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages);
+/// on consecutive blocks, so TP groups (powers of two, at most a node) stay inside a node;
+/// each stage in its representation.
+GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages,
+                 const std::map<std::string, Representation>& representation = {});
 
 /// The layouts of `plan` placed again to spread memory: phase by phase, each unit (largest
 /// first) on the free aligned block of its size (inside one node when it fits one) whose

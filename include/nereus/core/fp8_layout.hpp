@@ -55,5 +55,7 @@ void fp8_fill(const ModelConfig& m, const TensorInfo& t, const Box& w, std::uint
 /// block boundary or the tensor's end. `role` names the side ("target", "source
 /// actor/train") in the message.
 void check_fp8_blocks(const ModelSpec& model, const Layout& layout, const std::string& role);
+/// The same rule as a question (the planner's candidates): whether `layout` cuts a block.
+bool cuts_fp8_block(const ModelSpec& model, const Layout& layout);
 
 }  // namespace nereus
