@@ -178,7 +178,10 @@ with tempfile.TemporaryDirectory() as d:
                  "'critic/generate' is not a model-stage")
     gen = PLAN_A["actor/generate"]
     expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"actor/generate": gen + ",dtype=fp8"}))],
-                 "dtype=fp8 in a job's plan is not supported yet")
+                 "model-stage 'actor/generate'): model.layers.0.self_attn.q_proj.weight is split at row 64, inside an FP8 block of 128 rows")
+    expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan",
+                  json.dumps(dict(PLAN_A, **{"actor/generate": "tp=1,pp=1,dp=8,devices=0-7,dtype=fp8"}))],
+                 "(model-stage 'actor/train', whose weight sync feeds FP8 'actor/generate'): model.layers.0.self_attn.q_proj.weight is split at row 32")
     expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"actor/train": "tp=4,pp=1,dp=3"}))],
                  "dp 3 does not divide the global batch")
     expect_error(["plan", "--job", "ppo-tiny", "--from-plan", pa, "--to-plan", json.dumps(dict(PLAN_A, **{"actor/train": "tp=x"}))],

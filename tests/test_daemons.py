@@ -565,6 +565,10 @@ try:
     r = subprocess.run([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", "no-such-job"],
                        capture_output=True, text=True, timeout=30)
     check(r.returncode == 1 and "no-such-job" in r.stderr, f"an unknown job: one clear error ({r.stderr.strip()[-200:]})")
+    fp8 = dict(JOB_FROM, **{"actor/generate": JOB_FROM["actor/generate"] + ",dtype=fp8"})
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(fp8))
+    check(rc == 1 and "dtype=fp8 in a daemon job's plan is not supported yet" in err,
+          f"an FP8 stage in a daemon job: one clear error ({err.strip()[-200:]})")
 
     # A mixture-of-experts job across the daemons: expert-parallel units to TP-split experts.
     moe_job = os.path.join(work, "grpo-moe.json")
