@@ -3,11 +3,13 @@
 #include "nereus/runtime/job.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <set>
 
 #include "job_state.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 #include "nereus/core/bytes.hpp"
 #include "nereus/core/packing.hpp"
 #include "nereus/runtime/quantize_pass.hpp"
@@ -140,10 +142,13 @@ asio::awaitable<ExecutionReport> JobState::copy_units(
       table.bind(b.key, {reinterpret_cast<std::uint64_t>(staging.back().data()), staging.back().size(), 0, staging.back().kind()});
     }
     auto pass = [&] {
+      const auto t0 = std::chrono::steady_clock::now();
       run_quantize(m, moves.quantize, table, options.memory, gpus, std::max(1u, options.copy_threads));
-      return 0;
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
-    co_await offload(pass);  // gigabytes of blocks: off the event loop the running steps share
+    const double seconds = co_await offload(pass);  // gigabytes of blocks: off the event loop the running steps share
+    log(LogLevel::debug, "job", "{} into {}: quantize pass, {} boxes in {:.3f} s", from[0].model_stage, stages[to].name(),
+        moves.quantize.size(), seconds);
   }
   ExecutorOptions eo = options.executor;
   eo.self = 0;
