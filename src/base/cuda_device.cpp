@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <mutex>
 #include <string>
 
 #include "nereus/base/error.hpp"
@@ -81,31 +82,51 @@ class CudaDevice final : public Device {
  public:
   explicit CudaDevice(const DeviceSpec& spec) : Device(spec.id, device_arena(spec), spec.capacity), gpu_(spec.gpu) {}
   ~CudaDevice() override {
+    if (stream_) cudaStreamDestroy(stream_);
     if (arena()) cudaFree(arena());
   }
   MemoryKind kind() const override { return MemoryKind::cuda; }
   int gpu() const override { return gpu_; }
   std::unique_ptr<DeviceQueue> make_queue() override { return std::make_unique<CudaQueue>(id(), gpu_); }
-  void upload(std::byte* dst, const std::byte* host, std::size_t n) override {
+  // On the device's own non-blocking stream, waited for: a cudaMemcpy from pageable
+  // memory returns once the bytes are staged, before the DMA lands, on the legacy stream
+  // that Nereus's non-blocking copy streams do not wait for — a copy posted right after
+  // could read the old bytes. Here the upload has landed when the call returns.
+  void upload(std::byte* dst, const std::byte* host, std::size_t n) override { transfer(dst, host, n, "upload"); }
+  void download(std::byte* host, const std::byte* src, std::size_t n) const override { transfer(host, src, n, "download"); }
+
+ private:
+  void transfer(void* dst, const void* src, std::size_t n, const char* what) const {
+    if (n == 0) return;
     use_gpu(id(), gpu_);
-    if (cudaError_t e = cudaMemcpy(dst, host, n, cudaMemcpyHostToDevice); e != cudaSuccess)
-      throw Error("device " + std::to_string(id()) + ": upload of " + std::to_string(n) + " bytes failed: " + cuda_error(e));
+    const std::lock_guard lock(mu_);
+    if (!stream_)
+      if (cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); e != cudaSuccess)
+        throw Error("device " + std::to_string(id()) + ": cannot create a CUDA stream: " + cuda_error(e));
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_);
+    const cudaError_t done = cudaStreamSynchronize(stream_);  // also after a failed enqueue: drain what started
+    if (e == cudaSuccess) e = done;
+    if (e != cudaSuccess)
+      throw Error("device " + std::to_string(id()) + ": " + what + " of " + std::to_string(n) + " bytes failed: " + cuda_error(e));
   }
-  void download(std::byte* host, const std::byte* src, std::size_t n) const override {
-    use_gpu(id(), gpu_);
-    if (cudaError_t e = cudaMemcpy(host, src, n, cudaMemcpyDeviceToHost); e != cudaSuccess)
-      throw Error("device " + std::to_string(id()) + ": download of " + std::to_string(n) + " bytes failed: " + cuda_error(e));
-  }
+
+ public:
 
  private:
   int gpu_;
+  mutable std::mutex mu_;  ///< fills and checks upload and download from several threads
+  mutable cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace
 
 void cuda_copy(std::byte* dst, const std::byte* src, std::size_t n) {
   if (n == 0) return;
-  if (cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDefault); e != cudaSuccess)
+  // The calling thread's stream, waited for, for the reason CudaDevice::transfer gives.
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, cudaStreamPerThread);
+  const cudaError_t done = cudaStreamSynchronize(cudaStreamPerThread);
+  if (e == cudaSuccess) e = done;
+  if (e != cudaSuccess)
     throw Error("a copy of " + std::to_string(n) + " bytes between host and GPU memory failed: " + cuda_error(e));
 }
 

@@ -20,6 +20,7 @@
 #include "fp8_quantize.hpp"
 #include "strided_copy.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 
 namespace nereus {
 
@@ -193,25 +194,42 @@ class CudaTransport final : public Transport {
     if (dst_gpu < 0) dst_gpu = src_gpu;
     if (src_gpu < 0) src_gpu = dst_gpu;
     check(cudaSetDevice(dst_gpu), "cudaSetDevice");
+    // Peer access is an optimisation: a cudaMemcpyDefault copy between GPUs works without
+    // it (the driver stages it), so a pair that cannot have it copies all the same. Tried
+    // once per pair; its error is cleared, never thrown.
     if (src_gpu != dst_gpu && peers_.insert({dst_gpu, src_gpu}).second) {
-      const cudaError_t e = cudaDeviceEnablePeerAccess(src_gpu, 0);
-      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) check(e, "cudaDeviceEnablePeerAccess");
+      const cudaError_t e = o_.inject_no_peer_access ? cudaErrorPeerAccessUnsupported : cudaDeviceEnablePeerAccess(src_gpu, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
+        log(LogLevel::debug, "cuda", "GPU {} has no peer access to GPU {} ({}): copies go through the driver's staging", dst_gpu,
+            src_gpu, cuda_error(e));
       cudaGetLastError();
     }
     cudaStream_t s = stream(dst_gpu);
     std::vector<Segment> runs;
-    for (const Segment& g : list.segments) {
-      void* dst = reinterpret_cast<void*>(g.dst);
-      const void* src = reinterpret_cast<const void*>(g.src);
-      if (g.count <= 1)
-        check(cudaMemcpyAsync(dst, src, g.bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
-      else if (one_gpu)
-        runs.push_back(g);
-      else
-        check(cudaMemcpy2DAsync(dst, g.dst_stride, src, g.src_stride, g.bytes, g.count, cudaMemcpyDefault, s),
-              "cudaMemcpy2DAsync");
+    std::size_t enqueued = 0;
+    try {
+      for (const Segment& g : list.segments) {
+        void* dst = reinterpret_cast<void*>(g.dst);
+        const void* src = reinterpret_cast<const void*>(g.src);
+        if (o_.inject_enqueue_failure_after && enqueued == o_.inject_enqueue_failure_after)
+          check(cudaErrorInvalidValue, "an injected enqueue failure");
+        if (g.count <= 1)
+          check(cudaMemcpyAsync(dst, src, g.bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+        else if (one_gpu)
+          runs.push_back(g);
+        else
+          check(cudaMemcpy2DAsync(dst, g.dst_stride, src, g.src_stride, g.bytes, g.count, cudaMemcpyDefault, s),
+                "cudaMemcpy2DAsync");
+        ++enqueued;
+      }
+      check(static_cast<cudaError_t>(detail::launch_strided_copies(runs, s)), "the strided-copy kernel");
+    } catch (...) {
+      // Segments already on the stream still write their destinations: drain them before
+      // the error reaches a caller who may then free those buffers.
+      cudaStreamSynchronize(s);
+      cudaGetLastError();
+      throw;
     }
-    check(static_cast<cudaError_t>(detail::launch_strided_copies(runs, s)), "the strided-copy kernel");
     cudaEvent_t e = nullptr;
     check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     if (cudaError_t r = cudaEventRecord(e, s); r != cudaSuccess) {

@@ -67,7 +67,11 @@ struct NcclApi {
       ::dlclose(handle);
       throw;
     }
-    get_version(&version);
+    if (const ncclResult_t r = get_version(&version); r != ncclSuccess) {
+      const std::string why = error_string(r);
+      ::dlclose(handle);
+      throw Error("nccl: ncclGetVersion failed: " + why);
+    }
   }
   ~NcclApi() { ::dlclose(handle); }
   NcclApi(const NcclApi&) = delete;
@@ -195,7 +199,15 @@ class NcclTransport final : public Transport {
     // One group at a time: groups share each rank's staging, and two in flight would
     // interleave their sends and receives in an order the peers did not derive.
     if (in_group_) co_return Status{StatusCode::invalid, "nccl: a group was posted while another was in flight"};
-    in_group_ = true;
+    // Cleared on every way out, a cancelled or destroyed wait in ready() included: a flag
+    // left set would refuse every later group.
+    struct InGroup {
+      bool& flag;
+      explicit InGroup(bool& f) : flag(f) { flag = true; }
+      ~InGroup() { flag = false; }
+      InGroup(const InGroup&) = delete;
+      InGroup& operator=(const InGroup&) = delete;
+    } in_group(in_group_);
     Status st = co_await ready();
     std::vector<Issue> issues;
     std::vector<LocalRank*> used;
@@ -204,7 +216,6 @@ class NcclTransport final : public Transport {
     if (st) st = finish(issues, used);
     if (st) st = co_await wait_for_events(used);
     else if (failed_.empty()) abort_all(st.message());
-    in_group_ = false;
     co_return st;
   }
 
@@ -291,8 +302,12 @@ class NcclTransport final : public Transport {
     if (l.staging_size >= bytes) return Status::ok();
     OnGpu on(l.gpu);
     if (l.staging) {
-      cudaStreamSynchronize(l.stream);  // its last group may still read or write it
-      cudaFree(l.staging);
+      // Its last group may still read or write it: wait, and keep it when that fails (the
+      // stream's error is the group's; memory freed under a running copy is not ours).
+      if (const cudaError_t e = cudaStreamSynchronize(l.stream); e != cudaSuccess)
+        return {StatusCode::io_error, "nccl: GPU " + std::to_string(l.gpu) + "'s stream failed before its staging could grow: " + cuda_error(e)};
+      if (const cudaError_t e = cudaFree(l.staging); e != cudaSuccess)
+        return {StatusCode::io_error, "nccl: freeing the staging on GPU " + std::to_string(l.gpu) + ": " + cuda_error(e)};
     }
     l.staging = nullptr;
     l.staging_size = 0;

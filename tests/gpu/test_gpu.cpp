@@ -61,6 +61,29 @@ struct CudaMirror {
   }
 };
 
+/// An NCCL transport holding every rank of logical devices 0..devices-1 in this process
+/// (device d on GPU d % gpus), connected to itself; null, with a message, where NCCL
+/// cannot start here.
+std::unique_ptr<Transport> one_process_nccl(asio::io_context& io, int devices, int gpus) {
+  if (!nccl_built()) {
+    MESSAGE("no NCCL in this build: skipped");
+    return nullptr;
+  }
+  NcclTransportOptions no;
+  for (DeviceId d = 0; d < devices; ++d) no.devices.push_back(d);
+  no.owner_of = [](DeviceId) { return PeerId{0}; };
+  no.gpu_of = [gpus](DeviceId d) { return static_cast<int>(d) % gpus; };
+  std::unique_ptr<Transport> nccl;
+  try {
+    nccl = make_nccl_transport(io, no);
+  } catch (const Error& e) {
+    MESSAGE("nccl not measurable here: " << e.what());
+    return nullptr;
+  }
+  REQUIRE(nccl->connect(0, nccl->address()).is_ok());
+  return nccl;
+}
+
 }  // namespace
 
 TEST_CASE("cuda device: a cudaMalloc arena with the host device's capacity accounting, streams and events") {
@@ -313,28 +336,14 @@ TEST_CASE("nccl transport: every link an NCCL message, in grouped rounds, stride
   // One process holds every rank: one per GPU present (logical devices d on GPU d % gpus),
   // so on one GPU every message is a send to its own rank, which NCCL allows; with two or
   // more, messages cross GPUs. NCCL comes from NEREUS_NCCL_LIBRARY (run.sh: torch's).
-  if (!nccl_built()) {
-    MESSAGE("no NCCL in this build: skipped");
-    return;
-  }
   const int gpus = cuda_device_count();
   testing::Patterned r("tp=4,pp=1,dp=1", "tp=2,pp=1,dp=2,devices=4:5:6:7");
   const auto& [plan, transfers, host] = std::tie(r.plan, r.transfers, r.w);
   CudaMirror gpu(host, gpus);
   asio::io_context io;
   auto cuda = make_cuda_transport(io);
-  NcclTransportOptions no;
-  for (DeviceId d = 0; d < 8; ++d) no.devices.push_back(d);
-  no.owner_of = [](DeviceId) { return PeerId{0}; };
-  no.gpu_of = [gpus](DeviceId d) { return static_cast<int>(d) % gpus; };
-  std::unique_ptr<Transport> nccl;
-  try {
-    nccl = make_nccl_transport(io, no);
-  } catch (const Error& e) {
-    MESSAGE("nccl not measurable here: " << e.what());
-    return;
-  }
-  REQUIRE(nccl->connect(0, nccl->address()).is_ok());
+  std::unique_ptr<Transport> nccl = one_process_nccl(io, 8, gpus);
+  if (!nccl) return;
   ExecutorOptions opt;
   opt.remote_links = true;
   opt.chunk_bytes = 100000;  // several rounds
@@ -402,4 +411,105 @@ int main(int argc, char** argv) {
   }
   doctest::Context ctx(argc, argv);
   return ctx.run();
+}
+
+// Issue 45's mends, each written to fail without its fix.
+
+TEST_CASE("cuda device: an upload from pageable memory has landed when it returns, so a copy posted at once reads it") {
+  // A cudaMemcpy from pageable memory returns once the bytes are staged; Nereus's queues
+  // are non-blocking streams that do not wait for the legacy stream's DMA.
+  auto d = make_device({MemoryKind::cuda, 0, 512 << 20, nullptr, 0});
+  const std::size_t n = 200 << 20;
+  DeviceBuffer a = d->allocate(n, "a"), b = d->allocate(n, "b");
+  auto q = d->make_queue();
+  for (unsigned char fill : {0x11, 0x5c, 0xe7}) {
+    std::vector<unsigned char> host(n, fill);  // pageable
+    d->upload(a.data(), reinterpret_cast<const std::byte*>(host.data()), n);
+    q->copy(b.data(), a.data(), n);
+    q->synchronize();
+    std::vector<unsigned char> tail(4096);
+    d->download(reinterpret_cast<std::byte*>(tail.data()), b.data() + n - tail.size(), tail.size());
+    CHECK(std::all_of(tail.begin(), tail.end(), [&](unsigned char c) { return c == fill; }));
+  }
+}
+
+TEST_CASE("cuda transport: a pair of GPUs without peer access copies all the same") {
+  const int gpus = cuda_device_count();
+  if (gpus < 2) {
+    MESSAGE("one GPU: no pair to copy between; skipped");
+    return;
+  }
+  const auto plan = plan_reshard(coll("tp=2,pp=1,dp=1", true), coll("tp=1,pp=2,dp=1,devices=1:0", true));
+  const auto transfers = plan.transfers();
+  testing::World host;
+  host.bind_all(plan);
+  host.pattern_sources();
+  CudaMirror gpu(host, gpus);
+  asio::io_context io;
+  CudaTransportOptions co;
+  co.inject_no_peer_access = true;  // as on a machine whose GPUs cannot map each other
+  auto cuda = make_cuda_transport(io, co);
+  Executor ex(*cuda, nullptr, [](DeviceId) { return PeerId{0}; }, ExecutorOptions{});
+  const BoundTransition bound = ex.bind(transfers, plan.target(), gpu.table);
+  const auto report = run_on(io, ex.run(bound));  // the first cross-GPU copy included
+  CHECK(report.link_bytes == plan.summary().moved_bytes);
+  gpu.download(host);
+  CHECK(testing::landed_as_planned(transfers, host.table));
+}
+
+TEST_CASE("cuda transport: a post that fails part-way has drained what it enqueued when it returns the error") {
+  auto d = make_device({MemoryKind::cuda, 0, 1200 << 20, nullptr, 0});
+  const std::size_t n = 512 << 20;  // long enough that a read racing it sees old bytes
+  DeviceBuffer src = d->allocate(n, "src"), dst = d->allocate(n, "dst"), other = d->allocate(4096, "other");
+  REQUIRE(cudaMemset(src.data(), 0x7a, n) == cudaSuccess);
+  REQUIRE(cudaMemset(dst.data(), 0, n) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  asio::io_context io;
+  CudaTransportOptions co;
+  co.inject_enqueue_failure_after = 1;  // the first segment is on the stream, the second fails
+  auto cuda = make_cuda_transport(io, co);
+  DescriptorList list;
+  list.op = Op::copy;
+  list.kind = MemoryKind::cuda;
+  list.segments.push_back({reinterpret_cast<std::uint64_t>(src.data()), reinterpret_cast<std::uint64_t>(dst.data()), n});
+  list.segments.push_back({reinterpret_cast<std::uint64_t>(src.data()), reinterpret_cast<std::uint64_t>(other.data()), 4096});
+  const Status st = run_on(io, cuda->post(list));
+  CHECK_FALSE(st.is_ok());
+  CHECK(st.message().find("injected") != std::string::npos);
+  // At once, on the legacy stream (which does not wait for the transport's): the last page
+  // of the first segment must already be there.
+  std::vector<unsigned char> tail(4096);
+  REQUIRE(cudaMemcpy(tail.data(), dst.data() + n - tail.size(), tail.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(std::all_of(tail.begin(), tail.end(), [](unsigned char c) { return c == 0x7a; }));
+}
+
+TEST_CASE("nccl transport: a group cancelled while it waits for its communicators does not block the next one") {
+  const int gpus = cuda_device_count();
+  testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
+  CudaMirror gpu(r.w, gpus);
+  asio::io_context io;
+  auto cuda = make_cuda_transport(io);
+  std::unique_ptr<Transport> nccl = one_process_nccl(io, 4, gpus);
+  if (!nccl) return;
+  ExecutorOptions opt;
+  opt.remote_links = true;
+  Executor ex(*cuda, nccl.get(), [](DeviceId) { return PeerId{0}; }, opt);
+  const BoundTransition bound = ex.bind(r.transfers, r.plan.target(), gpu.table);
+  // A run abandoned at once: its group's coroutine is destroyed while it waits.
+  {
+    asio::cancellation_signal cancel;
+    asio::co_spawn(io, ex.run(bound), asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+    io.poll();
+    cancel.emit(asio::cancellation_type::terminal);
+    io.run_for(std::chrono::seconds(5));
+    io.restart();
+  }
+  std::string error;
+  try {
+    const auto report = run_on(io, ex.run(bound));
+    CHECK(report.sent_bytes == r.plan.summary().moved_bytes);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  CHECK_MESSAGE(error.find("another was in flight") == std::string::npos, error);
 }

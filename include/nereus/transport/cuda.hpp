@@ -31,6 +31,10 @@ struct CudaTransportOptions {
   /// per launch (transport/strided_copy.hpp); false: one cudaMemcpy2DAsync per run, as
   /// between GPUs and host staging always (benches/gpu/gpu_bench compares the two).
   bool strided_kernel = true;
+  /// Fault injection for the GPU suite: peer access reported unsupported for every pair,
+  /// and a post that fails after this many segments are on its stream (0: never).
+  bool inject_no_peer_access = false;
+  std::size_t inject_enqueue_failure_after = 0;
 };
 
 /// Quantizes a region of GPU memory on GPU `gpu` into FP8 bytes and float32 scales
