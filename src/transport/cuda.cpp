@@ -312,7 +312,7 @@ class CudaTransport final : public Transport {
 void quantize_fp8_on_gpu(int gpu, const fp8::Region& region, std::int64_t bo, std::int64_t bi, std::uint8_t* out,
                          std::int64_t out_stride, float* scales, std::int64_t scale_stride) {
   auto fail = [](cudaError_t e, const char* what) {
-    if (e != cudaSuccess) throw Error(std::string("FP8 quantize on the GPU: ") + what + ": " + cudaGetErrorString(e));
+    if (e != cudaSuccess) throw Error(std::string("FP8 quantize on the GPU: ") + what + ": " + cuda_error(e));
   };
   fail(cudaSetDevice(gpu), "cudaSetDevice");
   detail::Fp8QuantizeArgs a = detail::fp8_quantize_args(region, bo, bi, out, out_stride, scales, scale_stride, nullptr);
