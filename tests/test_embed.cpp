@@ -196,6 +196,60 @@ TEST_CASE("embed: a stage held from the framework's side lets a transition on ot
   CHECK(job.state("critic/infer").policy_version == 0);
 }
 
+namespace {
+
+/// A framework's completion event: ready once the framework says so.
+struct FrameworkEvent final : DeviceEvent {
+  std::shared_ptr<bool> done = std::make_shared<bool>(false);
+  bool ready() const override { return *done; }
+};
+
+}  // namespace
+
+TEST_CASE("embed: a stage left while the framework's work still runs keeps its devices and memory until that work ends") {
+  asio::io_context io;
+  const JobSpec spec = load_job("ppo-tiny");
+  Job job(io.get_executor(), spec, load_global_plan(spec, kPlanTp4), opts());
+  const std::uint64_t ws = 1 << 20;
+  job.set_workspace("critic/train", ws);  // devices 4-7
+  const std::uint64_t before = job.devices()[4].used;
+  run_on(io, [&]() -> asio::awaitable<int> {
+    for (const ModelStage& st : model_stages(spec))
+      if (st.name() != "critic/train") co_await job.run_stage(st.name(), [](UnitContext&) -> asio::awaitable<void> { co_return; });
+    co_return 0;
+  }());
+  StageLease lease = run_on(io, job.enter_stage("critic/train"));
+  CHECK(job.devices()[4].used == before + ws);
+  auto kernels = std::make_shared<FrameworkEvent>();  // the framework's kernels, still running
+  lease.leave_after(true, {kernels});
+  CHECK(job.state("critic/train").policy_version == 1);  // the step's logic counts it at once
+  CHECK(job.devices()[4].used == before + ws);           // its memory is not handed back yet
+  CHECK(has(error_of([&] { job.save_checkpoint("/nonexistent/never"); }), "framework's work on its GPUs still runs"));
+  bool ended = false;
+  std::string failed;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    try {
+      co_await job.end_step();
+      ended = true;
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+  }, asio::detached);
+  io.restart();  // run_on left it stopped, out of work
+  io.run_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(ended);  // the sync would read what the kernels are still writing
+  CHECK(failed.empty());
+  *kernels->done = true;
+  io.run_for(std::chrono::milliseconds(200));
+  CHECK(ended);
+  CHECK(job.devices()[4].used == before);
+  // Host memory: a framework stream is done when its calls return; the lease lets go at once.
+  StageLease again = run_on(io, job.enter_stage("critic/train"));
+  const FrameworkStream stream{0, 0x1234};
+  again.leave(true, {&stream, 1});
+  CHECK(job.devices()[4].used == before);
+}
+
 TEST_CASE("embed: a stage's workspace comes from its devices' budget while it runs; step peaks count it") {
   asio::io_context io;
   const JobSpec spec = load_job("ppo-tiny");

@@ -83,11 +83,36 @@ def main(memory):
                 bad += not torch.equal(got.view(view), want.view(view))
         return bad
 
-    for u in job.units("actor/train"):
-        for s in u.shards(slot=None):
-            s.data.copy_(full[(s.tensor, s.slot)][index(s)])
+    # Torch writes them inside the stage's block and leaves it with its kernels still queued
+    # behind a long sleep, without synchronize(): the lease records an event on torch's
+    # stream, and end_step's weight sync (which reads these units) waits for it.
+    with job.stage("actor/train") as units:
+        if gpu:
+            torch.cuda._sleep(400_000_000)  # a few hundred ms of GPU time ahead of the copies
+        for u in units:
+            for s in u.shards(slot=None):
+                s.data.copy_(full[(s.tensor, s.slot)][index(s)])
+    job.end_step()
+    synced = sum(not torch.equal(s.data.view(torch.int16), full[(s.tensor, "param")][index(s)].contiguous().view(torch.int16))
+                 for u in job.units("actor/generate") for s in u.shards() if s.dtype == "bf16")
+    out["stream_ordering"] = {"generate_mismatches_after_sync": synced}
     if gpu:
-        torch.cuda.synchronize()
+        # A side stream named on the block: the workspace it wrote stays the stage's until
+        # that stream's kernel ends, and only then goes back to the device's arena.
+        g2 = 2 % gpus  # critic/infer's first device
+        job.set_workspace("critic/infer", 64 << 20)
+        used0 = job.devices()[2]["used"]
+        side = torch.cuda.Stream(device=g2)
+        with torch.cuda.device(g2), torch.cuda.stream(side):
+            with job.stage("critic/infer", stream=side) as units:
+                torch.cuda._sleep(400_000_000)
+                units[0].workspace(2).data.fill_(0x5a)
+        held = job.devices()[2]["used"] > used0
+        side.synchronize()
+        time.sleep(0.05)
+        out["stream_ordering"].update({"workspace_held_while_kernel_runs": held,
+                                       "workspace_released_after": job.devices()[2]["used"] == used0})
+        job.set_workspace("critic/infer", 0)
     rounds = []
     before = mismatches()
     for target in TARGETS:
@@ -97,7 +122,9 @@ def main(memory):
                        "moved_bytes": report.get("moved_bytes"), "mismatches": mismatches(),
                        "plan_is_target": job.plan["actor/train"] == target["actor/train"]})
     out["round_trip"] = {"mismatches_before": before, "transitions": rounds}
-    out["ok"] = (out["fill_verified"] and out["shards_placed"] and before == 0 and
+    order = out["stream_ordering"]
+    out["ok"] = (out["fill_verified"] and out["shards_placed"] and before == 0 and synced == 0 and
+                 order.get("workspace_held_while_kernel_runs", True) and order.get("workspace_released_after", True) and
                  all(r["completed"] and r["mismatches"] == 0 and r["plan_is_target"] for r in rounds))
     return out
 

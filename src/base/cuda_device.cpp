@@ -6,6 +6,7 @@
 #include <string>
 
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 
 namespace nereus::detail {
 
@@ -88,6 +89,20 @@ class CudaDevice final : public Device {
   MemoryKind kind() const override { return MemoryKind::cuda; }
   int gpu() const override { return gpu_; }
   std::unique_ptr<DeviceQueue> make_queue() override { return std::make_unique<CudaQueue>(id(), gpu_); }
+  std::unique_ptr<DeviceEvent> record_external(std::uintptr_t stream) override {
+    const auto s = reinterpret_cast<cudaStream_t>(stream);
+    cudaEvent_t e = nullptr;
+    cudaError_t r = cudaSetDevice(gpu_);
+    if (r == cudaSuccess) r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (r == cudaSuccess) r = cudaEventRecord(e, s);
+    if (r == cudaSuccess) return std::make_unique<CudaEvent>(e);
+    if (e) cudaEventDestroy(e);
+    log(LogLevel::warn, "cuda", "device {}: cannot record an event on the framework's stream ({}); waiting for the stream", id(),
+        cuda_error(r));
+    cudaStreamSynchronize(s);  // ordered the slow way, but ordered
+    cudaGetLastError();
+    return nullptr;
+  }
   // On the device's own non-blocking stream, waited for: a cudaMemcpy from pageable
   // memory returns once the bytes are staged, before the DMA lands, on the legacy stream
   // that Nereus's non-blocking copy streams do not wait for — a copy posted right after

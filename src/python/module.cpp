@@ -210,11 +210,38 @@ py::dict decision_dict(const Decision& x, double gamma) {
 }
 
 /// `with job.stage(name) as units:` — the stage's devices are busy until the block ends.
+/// The framework's streams a stage's work ran on, from Python: None (each GPU's default
+/// stream), a stream (torch.cuda.Stream or anything with `.cuda_stream` and
+/// `.device_index`), a list of them, or {gpu: stream or raw handle}.
+std::vector<FrameworkStream> framework_streams(const py::object& o) {
+  std::vector<FrameworkStream> out;
+  if (o.is_none()) return out;
+  auto handle = [](py::handle x) -> std::uintptr_t {
+    if (py::isinstance<py::int_>(x)) return x.cast<std::uintptr_t>();
+    if (py::hasattr(x, "cuda_stream")) return x.attr("cuda_stream").cast<std::uintptr_t>();
+    throw Error("stream: a torch.cuda.Stream (or an object with .cuda_stream), or an int handle in {gpu: stream}");
+  };
+  auto stream = [&](py::handle x) {
+    if (!py::hasattr(x, "device_index"))
+      throw Error("stream: it does not say its GPU (no .device_index); pass {gpu: stream} instead");
+    out.push_back({x.attr("device_index").cast<int>(), handle(x)});
+  };
+  if (py::isinstance<py::dict>(o)) {
+    for (auto [gpu, x] : o.cast<py::dict>()) out.push_back({gpu.cast<int>(), handle(x)});
+  } else if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
+    for (py::handle x : o) stream(x);
+  } else {
+    stream(o);
+  }
+  return out;
+}
+
 class PyStage {
  public:
-  PyStage(std::shared_ptr<PyJob> job, std::string name) : job_(std::move(job)), name_(std::move(name)) {}
+  PyStage(std::shared_ptr<PyJob> job, std::string name, std::vector<FrameworkStream> streams)
+      : job_(std::move(job)), name_(std::move(name)), streams_(std::move(streams)) {}
   ~PyStage() {
-    if (lease_ && lease_->held()) job_->loop().post([l = std::move(lease_)] { l->leave(false); });
+    if (lease_ && lease_->held()) job_->loop().post([l = std::move(lease_), st = streams_] { l->leave(false, st); });
   }
   py::list enter() {
     if (lease_ && lease_->held()) throw Error("stage '" + name_ + "' is already entered");
@@ -229,7 +256,7 @@ class PyStage {
     return units;
   }
   bool exit(py::handle type, py::handle, py::handle) {
-    if (lease_) job_->loop().call([&] { lease_->leave(type.is_none()); });
+    if (lease_) job_->loop().call([&] { lease_->leave(type.is_none(), streams_); });
     lease_.reset();
     return false;
   }
@@ -237,6 +264,7 @@ class PyStage {
  private:
   std::shared_ptr<PyJob> job_;
   std::string name_;
+  std::vector<FrameworkStream> streams_;
   std::shared_ptr<StageLease> lease_;
 };
 
@@ -403,9 +431,11 @@ void bind_job(py::module_& m) {
         d["first_error"] = c.first_error;
         return d;
       }, "Checks every live unit against the verification fill (jobs made with fill=True).")
-      .def("stage", [](const std::shared_ptr<PyJob>& j, const std::string& stage) {
-        return std::make_unique<PyStage>(j, stage);
-      }, py::arg("model_stage"))
+      .def("stage", [](const std::shared_ptr<PyJob>& j, const std::string& stage, const py::object& stream) {
+        return std::make_unique<PyStage>(j, stage, framework_streams(stream));
+      }, py::arg("model_stage"), py::arg("stream") = py::none(),
+         "Holds a model-stage's devices for a `with` block. `stream`: where the block's GPU work was enqueued "
+         "(default: each GPU's default stream); the devices are given back once it completes.")
       .def("set_workspace", [](PyJob& j, const std::string& stage, std::uint64_t nbytes) {
         j.loop().call([&] { j.job().set_workspace(stage, nbytes); });
       }, py::arg("model_stage"), py::arg("nbytes"),

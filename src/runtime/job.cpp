@@ -356,17 +356,65 @@ StageLease::~StageLease() {
   if (held()) leave(false);
 }
 
-void StageLease::leave(bool completed) {
+namespace {
+
+/// What a left stage gives back once the framework's work on it is done.
+struct StageRelease {
+  std::size_t stage = 0;
+  std::vector<UnitPtr> units;
+  std::vector<DeviceBuffer> workspace;
+};
+
+void release(JobState& s, StageRelease& r) {
+  StageSlot& slot = s.slots[r.stage];
+  r.workspace.clear();
+  for (const UnitPtr& u : r.units) {
+    --u->in_use;
+    for (DeviceId d : u->emu.gpus) --s.busy[static_cast<std::size_t>(d)];
+  }
+  r.units.clear();
+  slot.running = false;
+  slot.leaving = false;
+  s.free_retired();
+  s.changed.notify();
+}
+
+/// Polls the framework's events from the job's loop (as the cuda transport polls its own),
+/// then gives the stage's devices back.
+asio::awaitable<void> release_when_done(std::shared_ptr<JobState> s, StageRelease r,
+                                        std::vector<std::shared_ptr<DeviceEvent>> events) {
+  asio::steady_timer t(s->ex);
+  while (!std::all_of(events.begin(), events.end(), [](const auto& e) { return e->ready(); })) {
+    t.expires_after(std::chrono::microseconds(20));
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+  release(*s, r);
+}
+
+}  // namespace
+
+void StageLease::leave(bool completed, std::span<const FrameworkStream> streams) {
+  if (!s_) return;
+  // One event per GPU the stage's devices are on, on the framework's stream there.
+  std::vector<std::shared_ptr<DeviceEvent>> events;
+  std::set<int> gpus;
+  for (const UnitPtr& u : units_)
+    for (DeviceId d : u->emu.gpus) {
+      Device& dev = *s_->devices[static_cast<std::size_t>(d)];
+      if (dev.kind() != MemoryKind::cuda || !gpus.insert(dev.gpu()).second) continue;
+      std::uintptr_t stream = 0;
+      for (const FrameworkStream& f : streams)
+        if (f.gpu == dev.gpu()) stream = f.stream;
+      events.push_back(dev.record_external(stream));
+    }
+  leave_after(completed, std::move(events));
+}
+
+void StageLease::leave_after(bool completed, std::vector<std::shared_ptr<DeviceEvent>> events) {
   if (!s_) return;
   auto s = std::move(s_);
   s_.reset();
   StageSlot& slot = s->slots[stage_];
-  workspace_.clear();
-  for (const UnitPtr& u : units_) {
-    --u->in_use;
-    for (DeviceId d : u->emu.gpus) --s->busy[static_cast<std::size_t>(d)];
-  }
-  slot.running = false;
   slot.claimed = false;
   if (completed) {
     slot.ran_this_step = true;
@@ -376,10 +424,17 @@ void StageLease::leave(bool completed) {
       for (const UnitPtr& u : units_) u->version = slot.state.policy_version;
     }
   }
+  StageRelease r{stage_, std::move(units_), std::move(workspace_)};
   units_.clear();
+  workspace_.clear();
   ctx_.clear();
-  s->free_retired();
-  s->changed.notify();
+  std::erase_if(events, [](const std::shared_ptr<DeviceEvent>& e) { return !e || e->ready(); });
+  if (events.empty()) {
+    release(*s, r);
+    return;
+  }
+  slot.leaving = true;
+  asio::co_spawn(s->ex, release_when_done(s, std::move(r), std::move(events)), asio::detached);
 }
 
 asio::awaitable<void> Job::run_stage(std::string model_stage, StageWork work) {
@@ -450,6 +505,8 @@ asio::awaitable<void> Job::end_step() {
   auto s = s_;
   for (const StageSlot& slot : s->slots)
     if (slot.claimed) throw Error("end_step: model-stage '" + slot.stage.name() + "' is still running");
+  // Stages left while the framework's kernels still ran on them: the sync reads what they wrote.
+  while (std::any_of(s->slots.begin(), s->slots.end(), [](const StageSlot& x) { return x.leaving; })) co_await s->changed.wait();
   // Weight sync: each generation/inference stage of a trained model gets the training
   // stage's params, unit by unit where they are behind (param slot only).
   for (std::size_t t = 0; t < s->slots.size(); ++t) {

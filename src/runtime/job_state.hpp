@@ -38,6 +38,7 @@ struct StageSlot {
   bool ran_this_step = false;
   bool claimed = false;  ///< a run_stage call owns it (maybe still waiting)
   bool running = false;  ///< its work runs on its units
+  bool leaving = false;  ///< left, its devices held until the framework's work on them ends (StageLease::leave)
   std::vector<UnitPtr> retiring;  ///< old units to free once this step no longer needs them
 };
 

@@ -228,8 +228,12 @@ std::string file_stem(const std::string& stage) {
 
 void check_idle(const JobState& s, std::string_view what) {
   if (s.transition && !s.transition->finished) throw Error(std::string(what) + ": a transition is in flight; wait for it first");
-  for (const StageSlot& slot : s.slots)
+  for (const StageSlot& slot : s.slots) {
     if (slot.claimed) throw Error(std::string(what) + ": model-stage '" + slot.stage.name() + "' is running");
+    if (slot.leaving)
+      throw Error(std::string(what) + ": model-stage '" + slot.stage.name() +
+                  "' was left while the framework's work on its GPUs still runs; wait for it (end_step does)");
+  }
 }
 
 /// Reads every slot file of a checkpoint into the units of stage i.

@@ -93,6 +93,11 @@ class Device {
   /// what is left when the arena cannot hold it.
   DeviceBuffer allocate(std::size_t n, std::string_view what);
   virtual std::unique_ptr<DeviceQueue> make_queue() = 0;
+  /// An event recorded on a stream of someone else's (a framework's cudaStream_t on this
+  /// device's GPU, 0 for its legacy default stream): ready once the work enqueued there
+  /// before it has completed. Null on host memory, where work is done when its call
+  /// returns. Never throws: where recording fails, it waits for the stream instead.
+  virtual std::unique_ptr<DeviceEvent> record_external(std::uintptr_t) { return nullptr; }
   /// Copies n bytes of host memory into this device's memory (upload) or out of it
   /// (download), blocking: the control path of fills, checks and dumps, never a
   /// transition. Host devices memcpy; CUDA devices cudaMemcpy. Throws Error naming the

@@ -143,6 +143,13 @@ class TransitionRun;
 class JobState;
 struct LiveUnit;
 
+/// A framework's CUDA stream on one GPU (a cudaStream_t as an integer; 0: the GPU's
+/// legacy default stream, where PyTorch enqueues unless told otherwise).
+struct FrameworkStream {
+  int gpu = 0;
+  std::uintptr_t stream = 0;
+};
+
 /// A model-stage held busy while the framework computes on its units (Job::enter_stage):
 /// transitions schedule their transfers around its devices until leave().
 class StageLease {
@@ -155,9 +162,16 @@ class StageLease {
 
   const std::vector<UnitContext>& units() const { return ctx_; }
   bool held() const { return s_ != nullptr; }
-  /// Frees the devices; `completed` counts the stage as run this step (a training stage's
-  /// units then hold the next policy version). Call on the job's executor.
-  void leave(bool completed = true);
+  /// Leaves the stage: `completed` counts it as run this step (a training stage's units
+  /// then hold the next policy version) at once. Its devices, units and workspace are
+  /// given back once the framework's work on them is done: for GPU memory, an event is
+  /// recorded on the framework's stream of each GPU the stage uses (`streams`; a GPU not
+  /// named: its legacy default stream), and until every one is ready transitions do not
+  /// touch its devices, nothing it used is freed, and end_step() waits. Host memory: at
+  /// once. Call on the job's executor.
+  void leave(bool completed = true, std::span<const FrameworkStream> streams = {});
+  /// The same with the framework's own completion events (null or ready: done).
+  void leave_after(bool completed, std::vector<std::shared_ptr<DeviceEvent>> events);
 
  private:
   friend class Job;
