@@ -433,6 +433,21 @@ class BadInput(unittest.TestCase):
         self.assertTrue(job.verify()["ok"])
         with self.assertRaises(TypeError):
             job.transition(42)
+        # A framework stream: named per GPU, or by an object that says its GPU; on host
+        # memory the work is done when its calls return, so nothing is held.
+        with self.assertRaisesRegex(nereus.Error, "does not say its GPU"):
+            job.stage("critic/infer", stream=7).__enter__()
+        with self.assertRaisesRegex(nereus.Error, "int handle"):
+            job.end_step(stream={0: "the default"})
+
+        class Stream:
+            device_index, cuda_stream = 0, 0x1234
+        with job.stage("critic/infer", stream=Stream()):
+            pass
+        with job.stage("reward/infer", stream={0: 0x1234, 1: Stream()}):
+            pass
+        self.assertTrue(all(d["used"] <= d["budget"] for d in job.devices()))
+        job.end_step(stream=[Stream()])
         # Cancelled at once: every model-stage keeps a complete collection, old or new.
         handle = job.begin_transition(plan(actor__train="tp=2,pp=1,dp=2,devices=4-7",
                                            critic__train="tp=4,pp=1,dp=1,devices=0-3"))

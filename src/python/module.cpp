@@ -440,16 +440,23 @@ void bind_job(py::module_& m) {
         j.loop().call([&] { j.job().set_workspace(stage, nbytes); });
       }, py::arg("model_stage"), py::arg("nbytes"),
          "Bytes per device each run of the stage allocates as its workspace from now on (Unit.workspace).")
-      .def("end_step", [](PyJob& j) { j.loop().run([&] { return j.job().end_step(); }); },
-           "Ends the step: weight sync, and a transition begun mid-step takes effect.")
-      .def("transition", [](PyJob& j, py::object plan) {
+      .def("end_step", [](PyJob& j, const py::object& stream) {
+        const std::vector<FrameworkStream> streams = framework_streams(stream);
+        j.loop().run([&] { return j.job().end_step(streams); });
+      }, py::arg("stream") = py::none(),
+           "Ends the step: weight sync, and a transition begun mid-step takes effect. GPU memory: after the "
+           "framework's work on `stream` (default: each GPU's default stream).")
+      .def("transition", [](PyJob& j, py::object plan, const py::object& stream) {
         const GlobalPlan target = j.parse_plan(plan);
-        return report_dict(j.loop().run([&] { return j.job().transition(target); }));
-      }, py::arg("plan"), "Changes plan between steps; blocks until done and returns the report.")
-      .def("begin_transition", [](const std::shared_ptr<PyJob>& j, py::object plan) {
+        const std::vector<FrameworkStream> streams = framework_streams(stream);
+        return report_dict(j.loop().run([&] { return j.job().transition(target, streams); }));
+      }, py::arg("plan"), py::arg("stream") = py::none(), "Changes plan between steps; blocks until done and returns the report.")
+      .def("begin_transition", [](const std::shared_ptr<PyJob>& j, py::object plan, const py::object& stream) {
         const GlobalPlan target = j->parse_plan(plan);
-        return PyTransition{j, j->loop().call([&] { return j->job().begin_transition(target); })};
-      }, py::arg("plan"), "Starts a transition; it runs alongside the stages that follow.")
+        const std::vector<FrameworkStream> streams = framework_streams(stream);
+        return PyTransition{j, j->loop().call([&] { return j->job().begin_transition(target, streams); })};
+      }, py::arg("plan"), py::arg("stream") = py::none(),
+         "Starts a transition; it runs alongside the stages that follow (GPU memory: after the framework's work on `stream`).")
       .def("report_step", [](PyJob& j, std::map<std::string, double> stage_seconds, double response_len_mean,
                              double response_len_p95, std::optional<int> gpus, double link_slowdown, std::uint64_t peak_bytes,
                              std::optional<double> next_response_len_mean, std::optional<double> next_response_len_p95) {

@@ -379,35 +379,43 @@ void release(JobState& s, StageRelease& r) {
   s.changed.notify();
 }
 
-/// Polls the framework's events from the job's loop (as the cuda transport polls its own),
-/// then gives the stage's devices back.
+/// Gives the stage's devices back once the framework's work on them is done.
 asio::awaitable<void> release_when_done(std::shared_ptr<JobState> s, StageRelease r,
                                         std::vector<std::shared_ptr<DeviceEvent>> events) {
-  asio::steady_timer t(s->ex);
-  while (!std::all_of(events.begin(), events.end(), [](const auto& e) { return e->ready(); })) {
-    t.expires_after(std::chrono::microseconds(20));
-    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
-  }
+  co_await until_ready(s->ex, std::move(events));
   release(*s, r);
 }
 
 }  // namespace
 
-void StageLease::leave(bool completed, std::span<const FrameworkStream> streams) {
-  if (!s_) return;
-  // One event per GPU the stage's devices are on, on the framework's stream there.
+asio::awaitable<void> until_ready(asio::any_io_executor ex, std::vector<std::shared_ptr<DeviceEvent>> events) {
+  asio::steady_timer t(ex);
+  while (!std::all_of(events.begin(), events.end(), [](const auto& e) { return !e || e->ready(); })) {
+    t.expires_after(std::chrono::microseconds(20));
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+}
+
+std::vector<std::shared_ptr<DeviceEvent>> JobState::framework_events(std::span<const FrameworkStream> streams,
+                                                                     std::span<const DeviceId> on) const {
   std::vector<std::shared_ptr<DeviceEvent>> events;
   std::set<int> gpus;
-  for (const UnitPtr& u : units_)
-    for (DeviceId d : u->emu.gpus) {
-      Device& dev = *s_->devices[static_cast<std::size_t>(d)];
-      if (dev.kind() != MemoryKind::cuda || !gpus.insert(dev.gpu()).second) continue;
-      std::uintptr_t stream = 0;
-      for (const FrameworkStream& f : streams)
-        if (f.gpu == dev.gpu()) stream = f.stream;
-      events.push_back(dev.record_external(stream));
-    }
-  leave_after(completed, std::move(events));
+  for (DeviceId d : on) {
+    Device& dev = *devices[static_cast<std::size_t>(d)];
+    if (dev.kind() != MemoryKind::cuda || !gpus.insert(dev.gpu()).second) continue;
+    std::uintptr_t stream = 0;
+    for (const FrameworkStream& f : streams)
+      if (f.gpu == dev.gpu()) stream = f.stream;
+    events.push_back(dev.record_external(stream));
+  }
+  return events;
+}
+
+void StageLease::leave(bool completed, std::span<const FrameworkStream> streams) {
+  if (!s_) return;
+  std::vector<DeviceId> on;
+  for (const UnitPtr& u : units_) on.insert(on.end(), u->emu.gpus.begin(), u->emu.gpus.end());
+  leave_after(completed, s_->framework_events(streams, on));
 }
 
 void StageLease::leave_after(bool completed, std::vector<std::shared_ptr<DeviceEvent>> events) {
@@ -501,10 +509,13 @@ const std::vector<UnitPtr>& units_in(const JobState& s, std::size_t i, std::int6
 
 }  // namespace
 
-asio::awaitable<void> Job::end_step() {
+asio::awaitable<void> Job::end_step(std::span<const FrameworkStream> streams) {
   auto s = s_;
   for (const StageSlot& slot : s->slots)
     if (slot.claimed) throw Error("end_step: model-stage '" + slot.stage.name() + "' is still running");
+  std::vector<DeviceId> all(s->devices.size());
+  std::iota(all.begin(), all.end(), DeviceId{0});
+  co_await until_ready(s->ex, s->framework_events(streams, all));
   // Stages left while the framework's kernels still ran on them: the sync reads what they wrote.
   while (std::any_of(s->slots.begin(), s->slots.end(), [](const StageSlot& x) { return x.leaving; })) co_await s->changed.wait();
   // Weight sync: each generation/inference stage of a trained model gets the training
@@ -547,7 +558,7 @@ asio::awaitable<void> Job::end_step() {
   s->changed.notify();
 }
 
-TransitionHandle Job::begin_transition(const GlobalPlan& target) {
+TransitionHandle Job::begin_transition(const GlobalPlan& target, std::span<const FrameworkStream> streams) {
   JobState& s = *s_;
   if (s.transition && (!s.transition->finished || s.transition->effective_step > s.step))
     throw Error(s.transition->finished
@@ -579,17 +590,20 @@ TransitionHandle Job::begin_transition(const GlobalPlan& target) {
   TransitionGraph graph = compile_transition(req);
   if (!graph.feasibility.ok) throw Error("the transition to the new plan is infeasible: " + graph.feasibility.reason);
   auto run = std::make_shared<TransitionRun>(s_, std::move(graph), effective);
+  std::vector<DeviceId> all(s.devices.size());
+  std::iota(all.begin(), all.end(), DeviceId{0});
+  run->after = s.framework_events(streams, all);
   s.transition = run;
   asio::co_spawn(s.ex, run->run(), [run](std::exception_ptr) {});
   return TransitionHandle(run);
 }
 
-asio::awaitable<TransitionReport> Job::transition(const GlobalPlan& target) {
+asio::awaitable<TransitionReport> Job::transition(const GlobalPlan& target, std::span<const FrameworkStream> streams) {
   for (const StageSlot& slot : s_->slots)
     if (slot.ran_this_step || slot.claimed)
       throw Error("transition(): model-stage '" + slot.stage.name() +
                   "' already ran in this step; call it between steps, or use begin_transition() and end_step()");
-  TransitionHandle h = begin_transition(target);
+  TransitionHandle h = begin_transition(target, streams);
   co_return co_await h.wait();
 }
 

@@ -80,6 +80,10 @@ class JobState : public std::enable_shared_from_this<JobState> {
   void free_retired();
   /// Collection of the units of one stage (for plan output and planning).
   Collection collection(std::size_t stage, const std::vector<UnitPtr>& units) const;
+  /// The framework's fence over `devices`: an event on its stream (`streams`; a GPU not
+  /// named: its default stream) of each GPU they are on; none for host memory.
+  std::vector<std::shared_ptr<DeviceEvent>> framework_events(std::span<const FrameworkStream> streams,
+                                                             std::span<const DeviceId> devices) const;
   /// Copies `sources` (stage `from`) into the units `targets` (stage `to`) with the
   /// reshard planner and the executor: a weight sync, or one build of a transition.
   asio::awaitable<ExecutionReport> copy_units(const std::vector<std::pair<std::size_t, std::vector<UnitPtr>>>& sources,
@@ -100,6 +104,8 @@ class TransitionRun final : public UnitSpace, public std::enable_shared_from_thi
   bool finished = false;
   TransitionReport report;
   Notifier done;
+  /// The framework's work it waits for before its first node (Job::begin_transition).
+  std::vector<std::shared_ptr<DeviceEvent>> after;
 
   /// Runs the graph and fills the report.
   asio::awaitable<void> run();
@@ -135,6 +141,10 @@ class TransitionRun final : public UnitSpace, public std::enable_shared_from_thi
   std::vector<Executor*> active_;
   GraphRun run_;
 };
+
+/// Returns once every event is ready (null ones are), polling from the loop every 20 µs
+/// as the cuda transport polls its own.
+asio::awaitable<void> until_ready(asio::any_io_executor ex, std::vector<std::shared_ptr<DeviceEvent>> events);
 
 /// A unit's buffers as host memory, for the control path (fills, checks, checkpoints): the
 /// buffers themselves on host devices; for GPU memory, copies (downloaded when `read`)

@@ -137,6 +137,7 @@ asio::awaitable<void> TransitionRun::settle(std::size_t i, const StageEnd& end) 
 
 asio::awaitable<void> TransitionRun::run() {
   auto self = shared_from_this();
+  co_await until_ready(job->ex, std::move(after));  // the framework's writes before it began
   report = co_await run_.run();
   for (std::size_t i = 0; i < graph.stages.size(); ++i) {
     const StageSlot& slot = job->slots[i];

@@ -228,16 +228,19 @@ class Job {
   /// The units of a model-stage in effect now, in replica order.
   std::vector<UnitView> units(std::string_view model_stage) const;
   /// Ends the step (sync mode): weight sync from each training stage to its model's
-  /// generation and inference stages; the next step starts.
-  asio::awaitable<void> end_step();
+  /// generation and inference stages; the next step starts. GPU memory: first waits for
+  /// the framework's work queued on `streams` (a GPU not named: its default stream) and
+  /// for every stage left while its work still ran (StageLease::leave).
+  asio::awaitable<void> end_step(std::span<const FrameworkStream> streams = {});
 
   /// Compiles the transition to `target` and starts it; throws Error on bad input or an
   /// infeasible transition (nothing moves then). Stages that already ran this step keep
   /// their old units until the step ends; the new plan takes effect from the next step
-  /// (or from this one, when no stage has run in it yet).
-  TransitionHandle begin_transition(const GlobalPlan& target);
+  /// (or from this one, when no stage has run in it yet). GPU memory: no byte moves
+  /// before the framework's work queued on `streams` (as end_step) has completed.
+  TransitionHandle begin_transition(const GlobalPlan& target, std::span<const FrameworkStream> streams = {});
   /// begin_transition + wait.
-  asio::awaitable<TransitionReport> transition(const GlobalPlan& target);
+  asio::awaitable<TransitionReport> transition(const GlobalPlan& target, std::span<const FrameworkStream> streams = {});
 
   /// Checks every live unit's bytes against the verification fill.
   FillCheck verify() const;
