@@ -69,7 +69,7 @@ struct NodeJob::State {
   bool two_sided = false;  // builds move links between nodes as tagged messages
   bool doomed = false;
   asio::steady_timer doom{io};
-  LocalTransport local{{2, 1 << 20}};
+  std::unique_ptr<LocalTransport> local;  // copies within this node's host devices; from open() to close()
   std::unique_ptr<UcxTransport> ucx;     // between nodes (GPU memory: messages staged through host memory)
   std::unique_ptr<Transport> cuda;       // CUDA devices: copies here, CUDA IPC gets between nodes of one machine
   std::unique_ptr<MixedTransport> mixed;  // CUDA devices: IPC where it reaches, else UCX
@@ -96,7 +96,7 @@ struct NodeJob::State {
   /// The daemon's devices are GPU memory (nereusd --devices cuda:N).
   bool on_gpus() const { return !devices.empty() && devices.front()->kind() == MemoryKind::cuda; }
   Transport& remote() { return mixed ? *mixed : static_cast<Transport&>(*ucx); }
-  Transport& copies() { return cuda ? *cuda : static_cast<Transport&>(local); }
+  Transport& copies() { return cuda ? *cuda : static_cast<Transport&>(*local); }
 
   Device* device(DeviceId d) {
     for (auto& dev : devices)
@@ -124,6 +124,7 @@ struct NodeJob::State {
     // Without UCX's peer error handling (the default; see UcxOptions): gets go over shared
     // memory / CMA, and a failed endpoint reaches our error handler.
     ucx = std::make_unique<UcxTransport>(io);
+    local = std::make_unique<LocalTransport>(LocalTransportOptions{2, 1 << 20});
     two_sided = m.two_sided;
     if (on_gpus()) {
       // CUDA IPC gets between daemons of one machine; across machines, UCX (the Debian build
@@ -515,6 +516,10 @@ asio::awaitable<void> NodeJob::close() {
   if (s.ucx) co_await s.ucx->shutdown();
   s.ucx.reset();
   s.cuda.reset();
+  // Their threads end with the job (a session serves many; the coordinator's own session
+  // with itself lasts until after it answered the client).
+  s.local.reset();
+  s.offload.stop();
   s.job.reset();
   s.doom.cancel();
   s.doomed = false;

@@ -39,6 +39,7 @@ struct NodeTransition::State {
     part.reset();
     prepared.reset();
     config.reset();
+    offload.stop();  // no thread outlives the transition it served
   }
 
   /// Plans this node's part; throws nereus::Error (answered as failed) on bad requests.
