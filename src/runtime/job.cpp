@@ -126,8 +126,7 @@ asio::awaitable<ExecutionReport> JobState::copy_units(
                  {reinterpret_cast<std::uint64_t>(u->memory[b].data()), u->memory[b].size(), 0, u->memory[b].kind()});
     }
   const ReshardPlan plan = plan_reshard(from, collection(to, targets), {options.links});
-  std::vector<DeviceId> all(devices.size());
-  std::iota(all.begin(), all.end(), DeviceId{0});
+  const std::vector<DeviceId> all = all_devices();
   ExecutableTransfers moves = executable_transfers(plan, all);
   // An FP8 target read from bf16 sources: the blocks it reads are quantized first, into
   // staging beside their sources (sharding.md's quantizer; fp8_moves.hpp), which the
@@ -396,6 +395,12 @@ asio::awaitable<void> until_ready(asio::any_io_executor ex, std::vector<std::sha
   }
 }
 
+std::vector<DeviceId> JobState::all_devices() const {
+  std::vector<DeviceId> all(devices.size());
+  std::iota(all.begin(), all.end(), DeviceId{0});
+  return all;
+}
+
 std::vector<std::shared_ptr<DeviceEvent>> JobState::framework_events(std::span<const FrameworkStream> streams,
                                                                      std::span<const DeviceId> on) const {
   std::vector<std::shared_ptr<DeviceEvent>> events;
@@ -513,9 +518,7 @@ asio::awaitable<void> Job::end_step(std::span<const FrameworkStream> streams) {
   auto s = s_;
   for (const StageSlot& slot : s->slots)
     if (slot.claimed) throw Error("end_step: model-stage '" + slot.stage.name() + "' is still running");
-  std::vector<DeviceId> all(s->devices.size());
-  std::iota(all.begin(), all.end(), DeviceId{0});
-  co_await until_ready(s->ex, s->framework_events(streams, all));
+  co_await until_ready(s->ex, s->framework_events(streams, s->all_devices()));
   // Stages left while the framework's kernels still ran on them: the sync reads what they wrote.
   while (std::any_of(s->slots.begin(), s->slots.end(), [](const StageSlot& x) { return x.leaving; })) co_await s->changed.wait();
   // Weight sync: each generation/inference stage of a trained model gets the training
@@ -590,9 +593,7 @@ TransitionHandle Job::begin_transition(const GlobalPlan& target, std::span<const
   TransitionGraph graph = compile_transition(req);
   if (!graph.feasibility.ok) throw Error("the transition to the new plan is infeasible: " + graph.feasibility.reason);
   auto run = std::make_shared<TransitionRun>(s_, std::move(graph), effective);
-  std::vector<DeviceId> all(s.devices.size());
-  std::iota(all.begin(), all.end(), DeviceId{0});
-  run->after = s.framework_events(streams, all);
+  run->after = s.framework_events(streams, s.all_devices());
   s.transition = run;
   asio::co_spawn(s.ex, run->run(), [run](std::exception_ptr) {});
   return TransitionHandle(run);

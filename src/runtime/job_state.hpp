@@ -80,6 +80,8 @@ class JobState : public std::enable_shared_from_this<JobState> {
   void free_retired();
   /// Collection of the units of one stage (for plan output and planning).
   Collection collection(std::size_t stage, const std::vector<UnitPtr>& units) const;
+  /// Devices 0 .. devices−1.
+  std::vector<DeviceId> all_devices() const;
   /// The framework's fence over `devices`: an event on its stream (`streams`; a GPU not
   /// named: its default stream) of each GPU they are on; none for host memory.
   std::vector<std::shared_ptr<DeviceEvent>> framework_events(std::span<const FrameworkStream> streams,

@@ -483,7 +483,7 @@ TEST_CASE("cuda transport: a post that fails part-way has drained what it enqueu
   CHECK(std::all_of(tail.begin(), tail.end(), [](unsigned char c) { return c == 0x7a; }));
 }
 
-TEST_CASE("nccl transport: a group cancelled while it waits for its communicators does not block the next one") {
+TEST_CASE("nccl transport: a run cancelled at once does not leave its group in flight for the next one") {
   const int gpus = cuda_device_count();
   testing::Patterned r("tp=2,pp=1,dp=1", "tp=1,pp=1,dp=2,devices=2:3");
   CudaMirror gpu(r.w, gpus);
