@@ -96,6 +96,12 @@ class Generator {
       l.partition.push_back(static_cast<int>(c.layers) - prev);
     }
     l.packing = coin() ? nereus::Packing::fused : nereus::Packing::hf;
+    if (fsdp_here_ > 1 && c.experts == 0 && coin(0.7)) {
+      // Units that fit the pool: fewer stages, then fewer chunks, when tp·pp·fsdp is large.
+      l.fsdp = uniform(2, fsdp_here_);
+      if (l.tp * l.pp * l.fsdp > 10 && l.pp > 1) l.pp = 1, l.partition.clear();
+      while (l.tp * l.fsdp > 10 && l.fsdp > 2) --l.fsdp;
+    }
     if (c.experts > 0) {
       // Expert parallelism: ep in 1..3, then an etp dividing tp·ep with at most E groups
       // and etp <= Ie (sharding.md); the default (etp = tp) when it is one of them.
@@ -146,15 +152,23 @@ class Generator {
     k.gpus_per_node = std::vector<int>{1, 2, 4, 8}[static_cast<std::size_t>(uniform(0, 3))];
     const bool target_train = coin();
     const int nsrc = coin(0.3) ? 2 : 1;
+    fsdp_here_ = max_fsdp;
     for (int i = 0; i < nsrc; ++i)
       k.sources.push_back(collection(k.model, "source" + std::to_string(i), i == 0 ? target_train || coin() : coin(),
                                      pool, max_tp));
+    fsdp_here_ = fsdp_target ? max_fsdp : 1;
     k.target = collection(k.model, "target", target_train, pool + uniform(0, 4), max_tp);
     return k;
   }
 
+  /// FSDP degrees up to this on dense models' layouts (1: none, the default, which keeps
+  /// the other tests' sequences), and whether targets get them too.
+  int max_fsdp = 1;
+  bool fsdp_target = true;
+
  private:
   std::mt19937_64 rng_;
+  int fsdp_here_ = 1;
 };
 
 }  // namespace testcase

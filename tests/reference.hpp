@@ -2,6 +2,7 @@
 // An independent reading of sharding.md for tests: tensor list, shard boxes, packed
 // buffers and the fill, written from the document without the library's sharding code.
 // Only ModelConfig (parsed by the library, tested on its own) is shared.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -118,11 +119,14 @@ struct Layout {
   std::vector<int> partition;
   bool fused = false;
   int ep = 1, etp = 0;  // etp: the expert TP degree; 0 when not given, which means tp
+  int fsdp = 1;         // FSDP chunks of each TP box (dense models)
   int expert_tp() const { return etp > 0 ? etp : tp; }
 };
 
-/// Index in R of position (stage s, EP rank e, tensor rank r), written as g = e·tp + r.
+/// Index in R of position (stage s, EP rank e, tensor rank r), written as g = e·tp + r;
+/// with FSDP, position (s, f, r) written as g = f·tp + r is R[(s·fsdp + f)·tp + r].
 inline std::size_t device_index(const Layout& l, int s, int g) {
+  if (l.fsdp > 1) return static_cast<std::size_t>((s * l.fsdp + g / l.tp) * l.tp + g % l.tp);
   return static_cast<std::size_t>((s * l.ep) * l.tp + g);
 }
 
@@ -183,6 +187,14 @@ inline std::optional<Box> shard(const nereus::ModelConfig& c, const Tensor& t, c
       b[0] = {heads.first * c.head_dim, heads.second * c.head_dim};
       break;
     default: break;
+  }
+  if (l.fsdp > 1) {
+    // FSDP: the TP box's first dimension in F chunks as torch.chunk cuts it (chunk size
+    // ⌈n/F⌉, the last ones short or empty); chunk f = g / tp.
+    const std::int64_t n = b[0].second - b[0].first, size = (n + l.fsdp - 1) / l.fsdp, f = g / l.tp;
+    const std::int64_t lo = std::min(f * size, n), hi = std::min((f + 1) * size, n);
+    if (hi <= lo) return std::nullopt;
+    b[0] = {b[0].first + lo, b[0].first + hi};
   }
   return b;
 }

@@ -125,6 +125,23 @@ with tempfile.TemporaryDirectory() as d:
         f.write(struct.pack("<Q", len(header)) + header + b"\0" * 100)
     expect_error(["plan", "--model", "tiny-llama", "--weights", st, "--from", "tp=1,pp=1,dp=1", "--to", "tp=2,pp=1,dp=1"],
                  "overruns")
+# FSDP (fsdp=F): a unit is tp·pp·fsdp GPUs; both directions at the lower bound (the
+# property tests check every byte); dense models only, never with dtype=fp8.
+fs = plan_json("--model", "llama-3.2-1b", "--train", "--from", "tp=2,pp=1,fsdp=4,dp=1", "--to", "tp=4,pp=2,dp=1,devices=8-15")
+back = plan_json("--model", "llama-3.2-1b", "--train", "--from", "tp=4,pp=2,dp=1,devices=8-15", "--to", "tp=2,pp=1,fsdp=4,dp=1")
+check(all(x["moved_bytes"] == x["lower_bound_bytes"] == x["target_bytes"] > 0 for x in (fs, back)),
+      "FSDP <-> TP/PP on disjoint GPUs moves every byte once, at the bound, both ways")
+half = plan_json("--model", "llama-3.2-1b", "--train", "--from", "tp=1,pp=1,fsdp=4,dp=1", "--to", "tp=2,pp=1,fsdp=2,dp=1")
+check(0 < half["moved_bytes"] == half["lower_bound_bytes"] < half["target_bytes"], "FSDP 4 -> tp=2,fsdp=2 on the same GPUs keeps what it can")
+for model, src, dst, needle in [
+        ("tiny-qwen3-moe", "tp=1,pp=1,ep=2,fsdp=2,dp=1", "tp=1,pp=1,dp=1", "fsdp=2 on a mixture-of-experts model with ep=2"),
+        ("tiny-qwen3-moe", "tp=1,pp=1,fsdp=2,dp=1", "tp=1,pp=1,dp=1", "fsdp=2 on a mixture-of-experts model"),
+        ("tiny-llama", "tp=1,pp=1,dp=1", "tp=1,pp=1,fsdp=2,dp=1,dtype=fp8", "fsdp=2 with dtype=fp8"),
+        ("tiny-llama", "tp=1,pp=1,fsdp=0,dp=1", "tp=1,pp=1,dp=1", "fsdp=0 must be at least 1"),
+        ("tiny-llama", "tp=1,pp=1,fsdp=2,dp=1,devices=0-2", "tp=1,pp=1,dp=1", "devices= lists 3 ids but tp·pp·fsdp·dp = 2"),
+        ("tiny-llama", "tp=1,pp=1,fsdp=4,dp=1", "tp=1,pp=1,dp=1,devices=9,dtype=fp8",
+         "(source 'source' of an FP8 target)")]:
+    expect_error(["plan", "--model", model, "--from", src, "--to", dst], needle)
 expect_error(["plan", "--model", "no-such", "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "neither a file nor a preset")
 expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=3,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "tp=3")
 expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=2,pp=1,dp=1,devices=0:0", "--to", "tp=1,pp=1,dp=1"],

@@ -27,7 +27,7 @@ using nereus::Slot;
 using nereus::Transfer;
 
 ref::Layout to_ref(const nereus::Layout& l) {
-  return {l.tp, l.pp, l.partition, l.packing == nereus::Packing::fused, l.ep, l.etp};
+  return {l.tp, l.pp, l.partition, l.packing == nereus::Packing::fused, l.ep, l.etp, l.fsdp};
 }
 
 /// Calls f(s, g, device) for every position of a unit, devices found by sharding.md's
@@ -36,7 +36,7 @@ template <class F>
 void each_position(const nereus::Emu& u, F&& f) {
   const ref::Layout l = to_ref(u.layout);
   for (int s = 0; s < l.pp; ++s)
-    for (int g = 0; g < l.tp * l.ep; ++g) f(s, g, u.gpus[ref::device_index(l, s, g)]);
+    for (int g = 0; g < l.tp * l.ep * l.fsdp; ++g) f(s, g, u.gpus[ref::device_index(l, s, g)]);
 }
 
 /// Element width of tensor t's slot s (sharding.md: param in the config's dtype unless the
@@ -331,8 +331,9 @@ const std::vector<std::string> kModels{"tiny-llama", "tiny-qwen2-tied", "tiny-qw
 const std::vector<std::string> kMoeModels{"tiny-qwen3-moe", "tiny-moe-odd", "tiny-deepseek-v3", "tiny-mla-odd"};
 
 /// Random cases whose target GPUs the placement optimiser reorders first.
-void check_with_placement(std::uint64_t seed, const std::vector<std::string>& models, int n) {
+void check_with_placement(std::uint64_t seed, const std::vector<std::string>& models, int n, int max_fsdp = 1) {
   testcase::Generator gen(seed);
+  gen.max_fsdp = max_fsdp;
   for (int i = 0; i < n; ++i) {
     auto k = gen.next(models);
     CAPTURE(i);
@@ -414,6 +415,19 @@ bool cuts_a_block(const nereus::ModelConfig& c, const std::vector<ref::Tensor>& 
   return cut;
 }
 
+/// Whether a split in the case's FP8 target, or in a source feeding it, cuts a block (the
+/// reference's reading); then the planner must refuse it with the block error.
+bool refused_for_a_cut(const testcase::Case& k) {
+  const nereus::ModelConfig& c = k.model->config();
+  const auto ts = ref::tensors(c);
+  bool cut = cuts_a_block(c, ts, k.target);
+  for (const Collection& src : k.sources) cut = cut || cuts_a_block(c, ts, src);
+  if (!cut) return false;
+  const std::string e = testing::error_of([&] { (void)nereus::plan_reshard(k.sources, k.target); });
+  CHECK_MESSAGE(testing::has(e, "inside an FP8 block"), e);
+  return true;
+}
+
 /// The plan's FP8 transfers as the executor moves them: weight bytes and scales that add up
 /// to what was planned, each bf16 box quantized once; then real bytes, quantized by the
 /// sender, moved by the local transport and checked against sharding.md's fill.
@@ -478,13 +492,7 @@ TEST_CASE("random FP8 targets (dtype=fp8, from the config's dtype and from FP8):
       }
     CAPTURE(i);
     INFO(k.describe());
-    const nereus::ModelConfig& c = k.model->config();
-    const auto ts = ref::tensors(c);
-    bool cut = cuts_a_block(c, ts, k.target);
-    for (const Collection& src : k.sources) cut = cut || cuts_a_block(c, ts, src);
-    if (cut) {
-      const std::string e = testing::error_of([&] { (void)nereus::plan_reshard(k.sources, k.target); });
-      CHECK_MESSAGE(testing::has(e, "inside an FP8 block"), e);
+    if (refused_for_a_cut(k)) {
       ++refused;
       continue;
     }
@@ -522,4 +530,68 @@ TEST_CASE("FP8 refusals: a training collection, FP8 into the config's dtype") {
   CHECK_MESSAGE(testing::has(e, "inside an FP8 block of 128 rows"), e);
   CHECK_MESSAGE(testing::has(e, "weight_block_size [128, 128]"), e);
   CHECK(testing::has(testing::error_of([] { (void)nereus::parse_collection_spec("tp=1,pp=1,dp=1,dtype=bf16"); }), "dtype=bf16 is not fp8"));
+}
+
+TEST_CASE("random FSDP transitions (fsdp on either side, uneven chunks, training slots): coverage, lower bound, real bytes") {
+  testcase::Generator gen(0xf5d9);
+  gen.max_fsdp = 5;  // 5 chunks of 48 or 64 rows: uneven and, with tp, sometimes empty
+  int src_fsdp = 0, dst_fsdp = 0, both = 0, empty_chunks = 0, train = 0;
+  for (int i = 0; i < testing::cases(160, 80); ++i) {
+    const auto k = gen.next(kModels);
+    CAPTURE(i);
+    check_case(k);
+    bool s = false, d = false;
+    for (const auto& src : k.sources)
+      for (const auto& u : src.units) s = s || u.layout.fsdp > 1;
+    for (const auto& u : k.target.units) {
+      d = d || u.layout.fsdp > 1;
+      const auto l = to_ref(u.layout);
+      for (int g = 0; g < l.tp * l.fsdp; ++g)
+        for (const auto& t : ref::tensors(k.model->config()))
+          if (t.layer == 0 && !ref::shard(k.model->config(), t, l, 0, g)) ++empty_chunks;
+    }
+    src_fsdp += s, dst_fsdp += d, both += s && d, train += k.target.train && d;
+    // The transition graph and the cost model count what a position holds as the planner does.
+    nereus::UnitGeometry geometry(k.model);
+    std::uint64_t held = 0;
+    for (const auto& u : k.target.units)
+      for (int st = 0; st < u.layout.pp; ++st)
+        for (int r = 0; r < u.layout.stage_size(); ++r) held += geometry.held(nereus::Position{&u.layout, st, r}).bytes(k.target.train);
+    const auto plan = nereus::plan_reshard(k.sources, k.target);
+    CHECK(held == plan.summary().target_bytes);
+    if (i % 4 == 0) moves_fp8_bytes(plan);  // the executor over the fill, verified on both sides
+  }
+  CHECK(src_fsdp > testing::cases(60, 30));
+  CHECK(dst_fsdp > testing::cases(60, 30));
+  CHECK(both > testing::cases(20, 10));
+  CHECK(train > testing::cases(20, 10));
+  CHECK(empty_chunks > 0);
+}
+
+TEST_CASE("random FSDP transitions with optimised placement keep every property and never move more") {
+  check_with_placement(0xf5da, kModels, 40, 4);
+}
+
+TEST_CASE("FSDP sources into FP8 targets: block-aligned chunks planned at the lower bound, others refused") {
+  testcase::Generator gen(0xf5f8);
+  gen.max_fsdp = 4;
+  gen.fsdp_target = false;
+  const std::int64_t sizes[] = {1, 2, 4, 8, 16};
+  int planned = 0, refused = 0;
+  for (int i = 0; i < testing::cases(120, 60); ++i) {
+    auto k = with_blocks(gen.next(kModels), sizes[gen.uniform(0, 4)], sizes[gen.uniform(0, 4)]);
+    k.target.train = false;
+    for (auto& u : k.target.units) u.layout.fp8 = true;
+    CAPTURE(i);
+    INFO(k.describe());
+    if (refused_for_a_cut(k)) {
+      ++refused;
+      continue;
+    }
+    check_case(k);
+    moves_fp8_bytes(nereus::plan_reshard(k.sources, k.target));
+    ++planned;
+  }
+  CHECK(planned > testing::cases(20, 10));
+  CHECK(refused > testing::cases(20, 10));
 }

@@ -3,6 +3,9 @@
 - forced transitions of every kind the example's plan allows (the actor's PP split, the
   critic's training layout, a placement change of the reference) begun mid-step, each
   checked bit for bit with --check-state (fixed plan otherwise, room for every layout);
+- the actor trained FSDP-sharded (fsdp=2): the same losses, bit for bit, as the actor
+  trained on one device (the chunks gathered are the whole tensor), and a forced change
+  into FSDP checked bit for bit like the others;
 - the default run (live controller, the default capacity) for a few steps with one forced
   change and --perfetto: the trace's structure;
 - the live controller's first memory-forced change and two steps past it, for PPO and
@@ -18,8 +21,8 @@ import tempfile
 
 def main(ppo):
     forced = ["1:actor/train=tp=1,pp=2,dp=1,devices=4-5", "2:critic/train=tp=1,pp=1,dp=2,devices=6-7",
-              "3:reference/infer=tp=1,pp=1,dp=2,devices=4-5"]
-    args = [sys.executable, ppo, "--steps", "5", "--json", "--check-state", "--plan-changes", "none", "--capacity", "64MiB"]
+              "3:reference/infer=tp=1,pp=1,dp=2,devices=4-5", "4:actor/train=tp=1,pp=1,fsdp=2,dp=1,devices=4-5"]
+    args = [sys.executable, ppo, "--steps", "6", "--json", "--check-state", "--plan-changes", "none", "--capacity", "64MiB"]
     for f in forced:
         args += ["--force-transition", f]
     r = subprocess.run(args, capture_output=True, text=True, timeout=240)
@@ -38,18 +41,38 @@ def main(ppo):
     except json.JSONDecodeError:
         check(False, "stdout is one JSON object: " + r.stdout[-500:])
         return 1
-    check(len(out["steps"]) == 5, "5 steps reported")
+    check(len(out["steps"]) == 6, "6 steps reported")
     check(all({"reward_mean", "seconds", "plan"} <= set(s) for s in out["steps"]), "each step has reward_mean, seconds, plan")
-    check(len(out["transitions"]) == 3 and all(t["completed"] for t in out["transitions"]),
-          f"3 transitions completed: {out['transitions']}")
+    check(len(out["transitions"]) == 4 and all(t["completed"] for t in out["transitions"]),
+          f"4 transitions completed: {out['transitions']}")
     check(all({"trigger", "moved_bytes", "seconds", "exposed_seconds"} <= set(t) for t in out["transitions"]),
           "each transition has trigger, moved_bytes, seconds, exposed_seconds")
-    check(out["state_checks"] == {"passed": 3, "failed": 0}, f"state checks: {out['state_checks']}")
+    check(out["state_checks"] == {"passed": 4, "failed": 0}, f"state checks: {out['state_checks']}")
     plan = out["steps"][-1]["plan"]
-    check(plan["actor/train"].startswith("tp=1,pp=2,dp=1,") and plan["critic/train"].startswith("tp=1,pp=1,dp=2,")
+    check(plan["actor/train"].startswith("tp=1,pp=1,fsdp=2,dp=1,") and plan["critic/train"].startswith("tp=1,pp=1,dp=2,")
           and plan["reference/infer"].startswith("tp=1,pp=1,dp=2,"),
           f"the final plan has the forced layouts: {plan}")
-    return failed + default_run_trace(ppo, check) + memory_forced(ppo, check)
+    return failed + fsdp_actor(ppo, check) + default_run_trace(ppo, check) + memory_forced(ppo, check)
+
+
+def fsdp_actor(ppo, check):
+    """The actor trained with fsdp=2 on devices 4-5 and on device 4 alone: FSDP's chunks,
+    gathered, are the whole tensors and each chunk's gradient is its rows of the whole, so
+    the runs agree bit for bit (tp=2 would differ in the last bits: its partial sums)."""
+    failed_before = check.failed
+    losses = {}
+    for spec in ("tp=1,pp=1,fsdp=2,dp=1,devices=4-5", "tp=1,pp=1,dp=1,devices=4"):
+        r = subprocess.run([sys.executable, ppo, "--steps", "2", "--json", "--plan-changes", "none", "--capacity", "64MiB",
+                            "--actor-train", spec], capture_output=True, text=True, timeout=240)
+        check(r.returncode == 0, f"actor/train={spec}: exits 0 (rc {r.returncode}): {r.stderr[-1500:]}")
+        if r.returncode == 0:
+            steps = json.loads(r.stdout)["steps"]
+            check(all(s["plan"]["actor/train"].startswith(spec.split(",devices")[0]) for s in steps), f"{spec}: ran on it")
+            losses[spec] = [(s["policy_loss"], s["kl"], s["reward_mean"]) for s in steps]
+    if len(losses) == 2:
+        a, b = losses.values()
+        check(a == b, f"the FSDP actor trains exactly as the one-device actor: {a} vs {b}")
+    return check.failed - failed_before
 
 
 def memory_forced(ppo, check):

@@ -300,6 +300,9 @@ def main():
     ap.add_argument("--algorithm", choices=sorted(JOBS), default="ppo",
                     help="ppo (actor, critic, reference) or grpo (group-relative advantages, no critic)")
     ap.add_argument("--no-nereus", action="store_true", help="the same math on plain torch tensors, fixed plan")
+    ap.add_argument("--actor-train", metavar="SPEC",
+                    help=f"the actor's training layout (default {PLAN['actor/train']}), e.g. "
+                         "tp=1,pp=1,fsdp=2,dp=1,devices=4-5 to train it FSDP-sharded")
     ap.add_argument("--grow-at", type=float, default=GROW_AT, metavar="REWARD",
                     help=f"responses grow 8 tokens once the mean reward passes this (default {GROW_AT}; "
                          "below 0: every step, so memory runs short within a few steps)")
@@ -313,6 +316,8 @@ def main():
     gen = torch.Generator().manual_seed(a.seed)
     grpo = a.algorithm == "grpo"
     plan, alternate = ({k: v for k, v in p.items() if not (grpo and k.startswith("critic/"))} for p in (PLAN, ALTERNATE))
+    if a.actor_train:
+        plan["actor/train"] = a.actor_train
     job = nereus.Job(JOBS[a.algorithm], plan, devices=8, capacity=a.capacity, seed=a.seed, gamma=GAMMA)
     if a.no_nereus:
         if force or every:

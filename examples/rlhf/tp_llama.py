@@ -1,6 +1,6 @@
 """A llama decoder computed over one Nereus unit's shards, for real: tensor parallelism
 across the unit's TP ranks and pipeline parallelism across its PP stages, on the shards'
-own memory (no weight is gathered).
+own memory (no weight is gathered, except FSDP's chunks of a rank, which are).
 
 - Column-parallel q/k/v and gate/up: each rank computes its heads / its slice of the
   intermediate dimension from its rows.
@@ -39,20 +39,32 @@ def rope(x, positions, theta):
 
 
 class Rank:
-    """The shards one device holds for one unit: tensor name -> (box, f32 tensor)."""
+    """The shards of one TP rank of one unit: tensor name -> (box, f32 tensor). Without
+    FSDP they are one device's; with FSDP (fsdp=F) each device holds a dim-0 chunk of the
+    rank's TP box, and the rank's tensor is the chunks gathered in order (the all-gather)."""
 
-    def __init__(self, shards, train):
+    def __init__(self, chunks, train):
         self.t = {}
         self.leaves = []  # (shard, leaf) of a training unit
-        for s in shards:
-            if train:
-                # The master slot itself, as a leaf: backward fills .grad, the optimizer
-                # updates it in place (examples/rlhf/ppo.py).
-                leaf = s.data.detach().requires_grad_()
-                self.leaves.append((s, leaf))
-                self.t[s.tensor] = (s.box, leaf)
-            else:
-                self.t[s.tensor] = (s.box, s.data.float())
+        parts = {}
+        for shards in chunks:  # one list of shards per FSDP chunk, in chunk order
+            for s in shards:
+                if train:
+                    # The master slot itself, as a leaf: backward fills .grad, the optimizer
+                    # updates it in place (examples/rlhf/ppo.py).
+                    x = s.data.detach().requires_grad_()
+                    self.leaves.append((s, x))
+                else:
+                    x = s.data.float()
+                parts.setdefault(s.tensor, []).append((s.box, x))
+        for name, ps in parts.items():
+            if len(ps) == 1:
+                self.t[name] = ps[0]
+                continue
+            # FSDP: the chunks' rows are consecutive, so the rank's box spans them; autograd
+            # hands each chunk the gradient of its rows (the reduce-scatter).
+            box = [(ps[0][0][0][0], ps[-1][0][0][1])] + [tuple(d) for d in ps[0][0][1:]]
+            self.t[name] = (box, torch.cat([x for _, x in ps], 0))
 
     def w(self, name):
         return self.t[name][1]
@@ -77,12 +89,14 @@ class UnitModel:
         self.theta = config.get("rope_theta", 10000.0)
         self.layout = dict(kv.split("=") for kv in unit.layout.split(","))
         self.tp, self.pp = int(self.layout["tp"]), int(self.layout["pp"])
+        self.fsdp = int(self.layout.get("fsdp", 1))
         self.devices = list(unit.devices)
         by_device = {}
         for s in unit.shards(slot="master" if train else "param"):
             by_device.setdefault(s.device, []).append(s)
-        # R[s·tp + r] is the device of pipeline stage s, rank r.
-        self.stages = [[Rank(by_device.get(unit.devices[s * self.tp + r], []), train)
+        # R[(s·fsdp + f)·tp + r] is the device of pipeline stage s, FSDP chunk f, rank r.
+        self.stages = [[Rank([by_device.get(unit.devices[(s * self.fsdp + f) * self.tp + r], []) for f in range(self.fsdp)],
+                             train)
                         for r in range(self.tp)] for s in range(self.pp)]
         self.layers = []
         for s in range(self.pp):

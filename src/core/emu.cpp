@@ -58,7 +58,7 @@ void Collection::validate(std::int64_t device_count) const {
     }
     if (static_cast<int>(u.gpus.size()) != u.layout.size())
       throw Error("model-stage '" + model_stage + "' unit " + std::to_string(j) + " has " +
-                  std::to_string(u.gpus.size()) + " GPUs but " + (u.layout.ep == 1 ? "tp·pp" : "tp·pp·ep") + " = " +
+                  std::to_string(u.gpus.size()) + " GPUs but " + (u.layout.ep == 1 ? "tp·pp" : "tp·pp·ep") + (u.layout.fsdp == 1 ? "" : "·fsdp") + " = " +
                   std::to_string(u.layout.size()));
     for (DeviceId d : u.gpus) {
       if (d < 0) throw Error("model-stage '" + model_stage + "': device id " + std::to_string(d) + " is negative");

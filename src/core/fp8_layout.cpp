@@ -53,6 +53,12 @@ std::int64_t fp8_block_count(const ModelConfig& m, const TensorInfo& t, Range ra
   return (ceil_div(range.hi, b.along) - range.lo / b.along) * ceil_div(across, b.across);
 }
 
+std::int64_t fp8_block_count(const ModelConfig& m, const TensorInfo& t, Range range, Range across) {
+  if (range.empty() || across.empty()) return 0;
+  const Fp8Blocks b = fp8_blocks(m, t);
+  return (ceil_div(range.hi, b.along) - range.lo / b.along) * (ceil_div(across.hi, b.across) - across.lo / b.across);
+}
+
 std::uint64_t fp8_slab_bytes(const ModelConfig& m, const TensorInfo& t, Range range) {
   return static_cast<std::uint64_t>(range.size() * slab_width(t) + 4 * fp8_block_count(m, t, range));
 }
@@ -110,14 +116,23 @@ std::string first_block_cut(const ModelSpec& model, const Layout& layout) {
     const int axis = split_axis(t.kind) == 1 ? 1 : 0;
     const std::int64_t extent = t.shape[static_cast<std::size_t>(axis)];
     const std::int64_t b = fp8_blocks(m, t).along;
+    auto cut_at = [&](int d, std::int64_t cut) {
+      return t.name + " is split at " + (d == 0 ? "row " : "column ") + std::to_string(cut) + ", inside an FP8 block of " +
+             std::to_string(m.fp8_block[static_cast<std::size_t>(d)]) + (d == 0 ? " rows" : " columns") +
+             " (quantization_config.weight_block_size [" + std::to_string(m.fp8_block[0]) + ", " +
+             std::to_string(m.fp8_block[1]) + "]); every split of a quantized weight must fall on a block boundary";
+    };
     for (int r = 0; r < ranks; ++r) {
       const Range part = tp_range(m, t, ranks, r);
       for (const std::int64_t cut : {part.lo, part.hi})
-        if (cut % b != 0 && cut != extent)
-          return t.name + " is split at " + (axis == 0 ? "row " : "column ") + std::to_string(cut) + ", inside an FP8 block of " +
-                 std::to_string(b) + (axis == 0 ? " rows" : " columns") + " (quantization_config.weight_block_size [" +
-                 std::to_string(m.fp8_block[0]) + ", " + std::to_string(m.fp8_block[1]) +
-                 "]); every split of a quantized weight must fall on a block boundary";
+        if (cut % b != 0 && cut != extent) return cut_at(axis, cut);
+    }
+    // FSDP's dim-0 chunks of each TP box cut rows (dense layouts; sharding.md).
+    for (int g = 0; layout.fsdp > 1 && g < layout.stage_size(); ++g) {
+      const Box box = held_box(m, t, layout, g);
+      if (box.empty()) continue;
+      for (const std::int64_t cut : {box.dims[0].lo, box.dims[0].hi})
+        if (cut % m.fp8_block[0] != 0 && cut != t.shape[0]) return cut_at(0, cut);
     }
   }
   return {};

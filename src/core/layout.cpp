@@ -42,13 +42,27 @@ std::string broken_expert_rule(const ModelConfig& m, const Layout& l) {
   if (!m.moe())
     return l.ep == 1 ? "" : "ep=" + std::to_string(l.ep) + " needs a mixture-of-experts model (this model is dense, so ep must be 1)";
   const int k = l.expert_tp();
-  if (l.stage_size() > 4096)  // positions of a stage are 12-bit codes in the planner's tables
-    return "tp·ep = " + std::to_string(l.stage_size()) + " exceeds 4096 GPUs per pipeline stage";
-  if (l.stage_size() % k != 0) return "etp=" + std::to_string(k) + " does not divide tp·ep = " + std::to_string(l.stage_size());
+  if (l.tp * l.ep > 4096)  // positions of a stage are 12-bit codes in the planner's tables
+    return "tp·ep = " + std::to_string(l.tp * l.ep) + " exceeds 4096 GPUs per pipeline stage";
+  if (l.tp * l.ep % k != 0) return "etp=" + std::to_string(k) + " does not divide tp·ep = " + std::to_string(l.tp * l.ep);
   if (l.expert_groups() > m.experts)
     return "tp·ep/etp = " + std::to_string(l.expert_groups()) + " expert groups exceed num_experts=" + std::to_string(m.experts);
   if (k > m.expert_intermediate)
     return "etp=" + std::to_string(k) + " exceeds moe_intermediate_size=" + std::to_string(m.expert_intermediate);
+  return "";
+}
+
+std::string broken_fsdp_rule(const ModelConfig& m, const Layout& l) {
+  if (l.fsdp < 1) return "fsdp must be at least 1";
+  if (l.fsdp == 1) return "";
+  if (m.moe())
+    return "fsdp=" + std::to_string(l.fsdp) + " on a mixture-of-experts model" + (l.ep > 1 ? " with ep=" + std::to_string(l.ep) : "") +
+           ": FSDP units are for dense models for now (sharding.md, FSDP)";
+  if (l.fp8)
+    return "fsdp=" + std::to_string(l.fsdp) +
+           " with dtype=fp8: FP8 units are for generation and inference, FSDP shards training state; a unit has one or the other";
+  if (static_cast<std::int64_t>(l.tp) * l.fsdp > 4096)  // positions of a stage are 12-bit codes in the planner's tables
+    return "tp·fsdp = " + std::to_string(static_cast<std::int64_t>(l.tp) * l.fsdp) + " exceeds 4096 GPUs per pipeline stage";
   return "";
 }
 
@@ -67,6 +81,7 @@ void validate_layout(const ModelConfig& m, const Layout& l) {
     throw Error("layout " + spec + ": pp=" + std::to_string(l.pp) + " exceeds num_hidden_layers=" +
                 std::to_string(m.layers));
   if (const std::string why = broken_expert_rule(m, l); !why.empty()) throw Error("layout " + spec + ": " + why);
+  if (const std::string why = broken_fsdp_rule(m, l); !why.empty()) throw Error("layout " + spec + ": " + why);
   if (!l.partition.empty()) {
     if (static_cast<int>(l.partition.size()) != l.pp)
       throw Error("layout " + spec + ": partition has " + std::to_string(l.partition.size()) +
@@ -151,6 +166,7 @@ CollectionSpec parse_collection_spec(std::string_view spec) {
     else if (key == "dp") out.dp = parse_positive(key, value);
     else if (key == "ep") out.layout.ep = parse_positive(key, value);
     else if (key == "etp") out.layout.etp = parse_positive(key, value);
+    else if (key == "fsdp") out.layout.fsdp = parse_positive(key, value);
     else if (key == "devices") { out.devices = parse_devices(value); have_devices = true; }
     else if (key == "partition") {
       std::size_t s = 0;
@@ -169,7 +185,7 @@ CollectionSpec parse_collection_spec(std::string_view spec) {
                     " is not fp8 (the only dtype a layout may choose; without it a unit holds the config's)");
       out.layout.fp8 = true;
     } else {
-      throw Error("layout spec: unknown key '" + key + "' (known: tp, pp, ep, etp, dp, devices, partition, packing, dtype)");
+      throw Error("layout spec: unknown key '" + key + "' (known: tp, pp, ep, etp, fsdp, dp, devices, partition, packing, dtype)");
     }
   }
   if (!out.layout.partition.empty() && static_cast<int>(out.layout.partition.size()) != out.layout.pp)
@@ -178,9 +194,10 @@ CollectionSpec parse_collection_spec(std::string_view spec) {
   // Each degree is at most 2^31 - 1, so checking each product before the next keeps every
   // product in range (found by the layout fuzzer).
   constexpr std::int64_t kMaxDevices = 1 << 22;
-  const std::string degrees = out.layout.ep == 1 ? "tp·pp·dp" : "tp·pp·ep·dp";
+  const std::string degrees = std::string("tp·pp") + (out.layout.ep == 1 ? "" : "·ep") + (out.layout.fsdp == 1 ? "" : "·fsdp") + "·dp";
   std::int64_t unit = static_cast<std::int64_t>(out.layout.tp) * out.layout.pp;
   if (unit <= kMaxDevices) unit *= out.layout.ep;
+  if (unit <= kMaxDevices) unit *= out.layout.fsdp;
   const std::int64_t need = unit > kMaxDevices ? unit : unit * out.dp;
   if (need > kMaxDevices)
     throw Error("layout spec: " + degrees + " = " + std::to_string(unit) + "·" + std::to_string(out.dp) + " devices is too many");
@@ -216,6 +233,7 @@ std::string to_string(const Layout& l) {
   std::string s = "tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp);
   if (l.ep != 1) s += ",ep=" + std::to_string(l.ep);
   if (l.etp > 0 && l.etp != l.tp) s += ",etp=" + std::to_string(l.etp);
+  if (l.fsdp != 1) s += ",fsdp=" + std::to_string(l.fsdp);
   if (!l.partition.empty()) {
     s += ",partition=";
     for (std::size_t i = 0; i < l.partition.size(); ++i)

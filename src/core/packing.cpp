@@ -34,8 +34,7 @@ namespace {
 template <class Measure>
 ShardPlace place(const ModelSpec& m, TensorId t, const Layout& layout, int g, Measure measure) {
   const TensorInfo& info = m.tensor(t);
-  const Range range = stage_range(m.config(), info, layout, g);
-  const Box shard = slab_box(info, range);
+  const Box shard = held_box(m.config(), info, layout, g);
   if (layout.packing == Packing::hf) return {t, 0, measure(shard)};
   if (is_expert(info.kind)) {
     // vLLM's stacked experts: w13 = per local expert [gate rows; up rows], w2 = per local
@@ -48,7 +47,6 @@ ShardPlace place(const ModelSpec& m, TensorId t, const Layout& layout, int g, Me
     const std::int64_t base = down ? j * block : j * 2 * block + (info.kind == K::expert_up ? block : 0);
     return {lead, base, measure(shard)};
   }
-  const int r = g % layout.tp;
   const auto group = fused_group(m.config(), info.kind);
   if (group.empty()) return {t, 0, measure(shard)};
   std::int64_t base = 0;
@@ -58,7 +56,7 @@ ShardPlace place(const ModelSpec& m, TensorId t, const Layout& layout, int g, Me
     if (i == 0) first = part_id;
     if (group[i] == info.kind) break;
     const TensorInfo& p = m.tensor(part_id);
-    base += measure(slab_box(p, tp_range(m.config(), p, layout.tp, r))).elements();
+    base += measure(held_box(m.config(), p, layout, g)).elements();  // empty where an FSDP chunk is
   }
   return {first, base, measure(shard)};
 }

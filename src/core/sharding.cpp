@@ -1,5 +1,7 @@
 #include "nereus/core/sharding.hpp"
 
+#include <algorithm>
+
 namespace nereus {
 
 int split_axis(TensorKind k) {
@@ -49,7 +51,22 @@ ExpertGroup expert_group(const Layout& l, int g) {
 
 Range group_experts(const ModelConfig& m, const Layout& l, int q) { return part(m.experts, l.expert_groups(), q); }
 
+Range fsdp_chunk(Range rows, int F, int f) {
+  const std::int64_t n = rows.size();
+  const std::int64_t c = (n + F - 1) / F;
+  return {rows.lo + std::min(f * c, n), rows.lo + std::min((f + 1) * c, n)};
+}
+
+Range fsdp_rows(const TensorInfo& t, const Layout& l, int g) {
+  return l.fsdp == 1 ? Range{0, t.shape[0]} : fsdp_chunk({0, t.shape[0]}, l.fsdp, g / l.tp);
+}
+
 Range stage_range(const ModelConfig& m, const TensorInfo& t, const Layout& l, int g) {
+  if (l.fsdp > 1) {  // dense only (validate_layout)
+    const Range tp = tp_range(m, t, l.tp, g % l.tp);
+    if (split_axis(t.kind) == 1) return fsdp_rows(t, l, g).empty() ? Range{0, 0} : tp;
+    return fsdp_chunk(tp, l.fsdp, g / l.tp);
+  }
   if (!is_expert(t.kind)) return tp_range(m, t, l.tp, g % l.tp);
   const ExpertGroup eg = expert_group(l, g);
   if (!group_experts(m, l, eg.group).contains(t.expert)) return {0, 0};
@@ -75,11 +92,17 @@ Box slab_box(const TensorInfo& t, Range range) {
   return b;
 }
 
+Box held_box(const ModelConfig& m, const TensorInfo& t, const Layout& l, int g) {
+  Box b = slab_box(t, stage_range(m, t, l, g));
+  if (l.fsdp > 1 && split_axis(t.kind) == 1) b.dims[0] = fsdp_rows(t, l, g);
+  return b;
+}
+
 std::optional<Box> shard_box(const ModelConfig& m, const Layout& l, int s, int g, const TensorInfo& t) {
   if (!stage_holds(m, l, s, t)) return std::nullopt;
-  const Range r = stage_range(m, t, l, g);
-  if (r.empty()) return std::nullopt;
-  return slab_box(t, r);
+  const Box b = held_box(m, t, l, g);
+  if (b.empty()) return std::nullopt;
+  return b;
 }
 
 }  // namespace nereus

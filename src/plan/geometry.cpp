@@ -87,14 +87,37 @@ std::int64_t covered(Range want, std::vector<Range>& have) {
 Held UnitGeometry::compute_overlap(const Position& target, std::span<const Position> holders) const {
   const ModelConfig& m = model_->config();
   std::vector<Range> have;
+  const bool fsdp = target.layout->fsdp > 1 ||
+                    std::any_of(holders.begin(), holders.end(), [](const Position& h) { return h.layout->fsdp > 1; });
   auto tensor_overlap = [&](const TensorInfo& t, auto&& holds) {
     const Range want = stage_range(m, t, *target.layout, target.r);
     if (want.empty()) return Held{};
-    have.clear();
-    for (const Position& h : holders)
-      if (holds(h)) have.push_back(stage_range(m, t, *h.layout, h.r));
-    const std::int64_t n = covered(want, have);
-    const std::int64_t e = n * slab_width(t);
+    std::int64_t n = 0, e = 0;
+    if (fsdp && split_axis(t.kind) == 1) {
+      // FSDP cuts a column-split tensor's rows: count in row bands, in each of which every
+      // holder holds its columns or nothing. n: covered columns as one run (for blocks).
+      const Range rows = fsdp_rows(t, *target.layout, target.r);
+      std::vector<std::int64_t> cuts{rows.lo, rows.hi};
+      for (const Position& h : holders)
+        for (std::int64_t c : {fsdp_rows(t, *h.layout, h.r).lo, fsdp_rows(t, *h.layout, h.r).hi})
+          if (rows.lo < c && c < rows.hi) cuts.push_back(c);
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+        const Range band{cuts[i], cuts[i + 1]};
+        have.clear();
+        for (const Position& h : holders)
+          if (holds(h) && fsdp_rows(t, *h.layout, h.r).contains(band)) have.push_back(stage_range(m, t, *h.layout, h.r));
+        e += covered(want, have) * band.size();
+      }
+      n = rows.empty() ? 0 : e / rows.size();
+    } else {
+      have.clear();
+      for (const Position& h : holders)
+        if (holds(h)) have.push_back(stage_range(m, t, *h.layout, h.r));
+      n = covered(want, have);
+      e = n * slab_width(t);
+    }
     // An FP8 unit holds a quantized weight at one byte an element plus a float32 scale a
     // block; the blocks are counted as if the covered part were one run from want.lo,
     // exact for what a position holds and for block-aligned holders (sharding.md).

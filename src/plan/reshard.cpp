@@ -71,8 +71,12 @@ class Planner {
     const TensorInfo* fp8 = nullptr;  // the template's first tensor, when held as FP8
     const ModelConfig* model = nullptr;
     std::uint64_t tensors = 1;
+    std::int64_t slab_width = 1;  // the template's (its band's rows for a banded one)
+    Range band{};
     std::uint64_t of(Range r) const {
-      return fp8 ? fp8_slab_bytes(*model, *fp8, r) * tensors : static_cast<std::uint64_t>(r.size()) * per_elem;
+      if (!fp8) return static_cast<std::uint64_t>(r.size()) * per_elem;
+      const std::int64_t blocks = band.empty() ? fp8_block_count(*model, *fp8, r) : fp8_block_count(*model, *fp8, r, band);
+      return static_cast<std::uint64_t>(r.size() * slab_width + 4 * blocks) * tensors;
     }
   };
 
@@ -85,7 +89,8 @@ class Planner {
       const int lay = ix_.target_layout[u];
       const bool fp8 = e.layout.fp8 && t.quantizable;
       const RangeBytes bytes{g.bytes_per_element(t, fp8) * t.tensors.size() * static_cast<std::uint64_t>(t.slab_width),
-                             fp8 ? &ix_.model().tensor(t.tensors[0]) : nullptr, &ix_.model().config(), t.tensors.size()};
+                             fp8 ? &ix_.model().tensor(t.tensors[0]) : nullptr, &ix_.model().config(), t.tensors.size(),
+                             t.slab_width, t.band};
       const StageSet& ss = t.stages[lay];
       const auto& ranges = ix_.ranges(lay, t.cls);
       for (int si = 0; si < ss.n; ++si)
@@ -97,13 +102,21 @@ class Planner {
     }
   }
 
+  /// Whether source holding h and destination position `dst` hold the same rows of a
+  /// banded (column-split, FSDP) template.
+  bool same_rows(const Template& t, const Holding& h, const Piece& dst) const {
+    const TensorInfo& info = ix_.model().tensor(t.tensors[0]);
+    return fsdp_rows(info, ix_.layouts[h.layout], h.r) ==
+           fsdp_rows(info, ix_.target.units[dst.dst_unit].layout, dst.dst_rank);
+  }
+
   /// When holding h keeps the config's dtype and the destination holds FP8, h's device
   /// quantizes the range where it reads it: an HBM pass reading the source elements and
   /// writing the FP8 bytes and scales (counted for the estimate).
   void count_quantize(const Holding& h, const RangeBytes& bytes, Range r) {
     if (!bytes.fp8 || ix_.layouts[h.layout].fp8) return;
     const std::uint64_t fp8 = bytes.of(r);
-    const std::uint64_t read = static_cast<std::uint64_t>(r.size() * slab_width(*bytes.fp8)) * bytes.tensors *
+    const std::uint64_t read = static_cast<std::uint64_t>(r.size() * bytes.slab_width) * bytes.tensors *
                                width(bytes.fp8->dtype);
     load_[h.dev].quantize += read + fp8;
     sum_.quantized_bytes += fp8;
@@ -132,8 +145,10 @@ class Planner {
       p.local = true;
       p.holding = l.holding;
       p.range = {std::max(cur, part.lo), part.hi};
-      // A kept buffer is the source's own: same elements, same element type, no shared buffer.
+      // A kept buffer is the source's own: same elements (all bands' rows too), same
+      // element type, no shared buffer.
       p.keep = l.range == want && p.range == want && ix_.layouts[h.layout].fp8 == (bytes.fp8 != nullptr) &&
+               (t.band.empty() || same_rows(t, h, base)) &&
                !shares_buffer(ix_.model().config(), t.kind, ix_.sources[h.c].units[h.u].layout.packing) &&
                !shares_buffer(ix_.model().config(), t.kind, dst_packing);
       const std::uint64_t n = bytes.of(p.range);
@@ -309,7 +324,8 @@ std::vector<Transfer> ReshardPlan::materialise(Keep&& keep) const {
     const Layout& dst_layout = ix.target.units[p.dst_unit].layout;
     for (TensorId tensor : t.tensors) {
       const TensorInfo& info = m.tensor(tensor);
-      const Box box = slab_box(info, p.range);
+      Box box = slab_box(info, p.range);
+      if (!t.band.empty()) box.dims[0] = t.band;
       const ShardPlace sp = place_shard(m, tensor, src_layout, h.r);
       const ShardPlace dp = place_shard(m, tensor, dst_layout, p.dst_rank);
       for (Slot s : ix.groups[p.group].slots) {

@@ -30,6 +30,20 @@ HoldingLists group_by(const std::vector<Holding>& hs, std::int64_t keys, auto ke
 
 }  // namespace
 
+void ReshardIndex::push_template(Template t) {
+  if (bands_[t.cls].empty()) {
+    templates.push_back(std::move(t));
+    return;
+  }
+  for (const auto& [rows, cls] : bands_[t.cls]) {
+    Template b = t;
+    b.cls = cls;
+    b.band = rows;
+    b.slab_width = rows.size();
+    templates.push_back(std::move(b));
+  }
+}
+
 std::uint16_t ReshardIndex::layout_index(const Layout& l) {
   for (std::size_t i = 0; i < layouts.size(); ++i)
     if (layouts[i].same_sharding(l)) return static_cast<std::uint16_t>(i);
@@ -61,6 +75,31 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
   std::vector<const TensorInfo*> rep(static_cast<std::size_t>(kTensorKinds + 3 * cfg.experts), nullptr);
   for (const TensorInfo& t : model_->tensors())
     if (!rep[class_of(t)]) rep[class_of(t)] = &t;
+  // Row bands of column-split kinds when a layout uses FSDP: cut at every chunk boundary
+  // of every layout; band 0 keeps the kind's class, the others get classes of their own.
+  std::vector<Range> band_rows(rep.size());
+  bands_.resize(rep.size());
+  const bool fsdp = std::any_of(layouts.begin(), layouts.end(), [](const Layout& l) { return l.fsdp > 1; });
+  for (std::size_t k = 0; fsdp && k < bands_.size(); ++k) {
+    if (!rep[k] || split_axis(rep[k]->kind) != 1) continue;
+    const std::int64_t n = rep[k]->shape[0];
+    std::vector<std::int64_t> cuts{0, n};
+    for (const Layout& l : layouts)
+      for (int f = 0; f < l.fsdp; ++f) cuts.push_back(fsdp_chunk({0, n}, l.fsdp, f).lo);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const Range band{cuts[i], cuts[i + 1]};
+      std::uint32_t cls = static_cast<std::uint32_t>(k);
+      if (i > 0) {
+        cls = static_cast<std::uint32_t>(rep.size());
+        rep.push_back(rep[k]);
+        band_rows.resize(rep.size());
+      }
+      band_rows[cls] = band;
+      bands_[k].push_back({band, cls});
+    }
+  }
   ranges_.resize(layouts.size());
   by_lo_.resize(layouts.size());
   holders_.resize(layouts.size());
@@ -71,7 +110,8 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
     for (std::size_t k = 0; k < rep.size(); ++k) {
       if (!rep[k]) continue;
       for (int g = 0; g < layouts[li].stage_size(); ++g) {
-        const Range r = stage_range(cfg, *rep[k], layouts[li], g);
+        Range r = stage_range(cfg, *rep[k], layouts[li], g);
+        if (!band_rows[k].empty() && !fsdp_rows(*rep[k], layouts[li], g).contains(band_rows[k])) r = {0, 0};
         ranges_[li][k].push_back(r);
         if (!r.empty()) by_lo_[li][k].push_back({r, g});
         if (!r.empty()) holders_[li][k].push_back(g);
@@ -91,7 +131,7 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
   };
   auto single = [&](TensorId id) {
     const TensorInfo& t = model_->tensor(id);
-    templates.push_back({t.kind, class_of(t), {id}, stage_sets(t), slab_width(t), t.dtype, quantizable(t)});
+    push_template({t.kind, class_of(t), {id}, stage_sets(t), slab_width(t), t.dtype, quantizable(t)});
   };
   single(*model_->find(TensorKind::embed));
   // Layers group by their stage in every layout and by class (dense or sparse).
@@ -112,7 +152,7 @@ ReshardIndex::ReshardIndex(std::span<const Collection> srcs, const Collection& t
         const TensorInfo& first = model_->tensor(*model_->find(k, layers[0], x));
         Template t{k, class_of(first), {}, stage_sets(first), slab_width(first), first.dtype, quantizable(first)};
         for (std::int32_t l : layers) t.tensors.push_back(*model_->find(k, l, x));
-        templates.push_back(std::move(t));
+        push_template(std::move(t));
       }
     }
   }

@@ -33,15 +33,18 @@ struct StageSet {
 };
 
 /// Tensors of one kind (and, for experts, one expert) whose shards follow the same
-/// pattern in every layout.
+/// pattern in every layout. Under FSDP a column-split kind is planned in row bands (the
+/// rows between any two FSDP chunk boundaries of any layout): inside a band every
+/// position holds a column range or nothing, so each band is a template of its own.
 struct Template {
   TensorKind kind;
-  std::uint32_t cls;              ///< shard class: the kind, or one expert's kind
+  std::uint32_t cls;              ///< shard class: the kind, or one expert's kind (and band)
   std::vector<TensorId> tensors;  ///< one per layer of the group
   std::vector<StageSet> stages;   ///< per layout index
-  std::int64_t slab_width;        ///< elements per unit of the split axis
+  std::int64_t slab_width;        ///< elements per unit of the split axis (in the band)
   DType dtype;                    ///< its tensors' param dtype (one kind: one dtype)
   bool quantizable;               ///< held as FP8 in a `dtype=fp8` unit (fp8_layout.hpp)
+  Range band{};                   ///< rows of a banded column-split template; empty: all
 };
 
 /// Target slots planned together, and which source collections hold them.
@@ -115,7 +118,9 @@ class ReshardIndex {
   std::vector<std::vector<std::vector<Range>>> ranges_;    // [layout][class][g]
   std::vector<std::vector<std::vector<RangeAt>>> by_lo_;   // [layout][class]: non-empty, by lo
   std::vector<std::vector<std::vector<int>>> holders_;     // [layout][class]: g with a non-empty range
+  std::vector<std::vector<std::pair<Range, std::uint32_t>>> bands_;  // [kind class] → (rows, class); none: unbanded
   std::uint16_t layout_index(const Layout& l);
+  void push_template(Template t);
 };
 
 }  // namespace nereus

@@ -17,6 +17,7 @@ namespace {
 /// The largest layout both `a` and `b` split into: gcd of TP, of PP and of EP (and of the
 /// expert TP degrees); none when that layout is invalid for the model.
 std::optional<Layout> common_sub_layout(const ModelConfig& m, const Layout& a, const Layout& b) {
+  if (a.fsdp > 1 || b.fsdp > 1) return std::nullopt;  // the primitives split TP/PP/EP units, not FSDP chunks
   Layout c;
   c.tp = std::gcd(a.tp, b.tp);
   c.pp = std::gcd(a.pp, b.pp);

@@ -34,8 +34,10 @@ struct Fp8Blocks {
 Fp8Blocks fp8_blocks(const ModelConfig& m, const TensorInfo& t);
 
 /// Blocks whose elements a slab [range) of quantizable t touches: ⌈hi/b⌉ − ⌊lo/b⌋ along
-/// its split axis times ⌈extent/b⌉ across it.
+/// its split axis times ⌈extent/b⌉ across it (or, given `across`, the blocks that part of
+/// the other axis touches: a row band of a column-split tensor under FSDP).
 std::int64_t fp8_block_count(const ModelConfig& m, const TensorInfo& t, Range range);
+std::int64_t fp8_block_count(const ModelConfig& m, const TensorInfo& t, Range range, Range across);
 
 /// Bytes a `dtype=fp8` unit holds for a slab [range) of quantizable t: one per element and
 /// four per block (its scale_inv).

@@ -29,13 +29,17 @@ struct Layout {
   /// `dtype=fp8`: quantizable weights held as float8_e4m3fn with float32 block scales
   /// (generation and inference units only; core/fp8_layout.hpp).
   bool fp8 = false;
+  /// `fsdp=F`: FSDP2's dim-0 chunks of each TP box over F GPUs (dense models only;
+  /// sharding.md, "FSDP"). Position (s, f, r) has in-stage index g = f·tp + r.
+  int fsdp = 1;
 
-  /// GPUs of one pipeline stage: tp·ep; position (s, g = e·tp + r) is R[s·tp·ep + g].
-  int stage_size() const { return tp * ep; }
-  int size() const { return tp * pp * ep; }
+  /// GPUs of one pipeline stage: tp·ep·fsdp (ep or fsdp is 1); position (s, g) is
+  /// R[s·stage_size() + g], g = e·tp + r or f·tp + r.
+  int stage_size() const { return tp * ep * fsdp; }
+  int size() const { return stage_size() * pp; }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   /// Expert groups per stage: tp·ep / etp.
-  int expert_groups() const { return stage_size() / expert_tp(); }
+  int expert_groups() const { return tp * ep / expert_tp(); }
   /// Layers [lo, hi) held by pipeline stage s of a model with L layers.
   Range stage_layers(int s, std::int64_t L) const;
   /// Pipeline stage holding layer l.
@@ -43,7 +47,7 @@ struct Layout {
   /// Same shards in the same element types (packing aside).
   bool same_sharding(const Layout& o) const {
     return tp == o.tp && pp == o.pp && partition == o.partition && ep == o.ep && expert_tp() == o.expert_tp() &&
-           fp8 == o.fp8;
+           fp8 == o.fp8 && fsdp == o.fsdp;
   }
   bool operator==(const Layout&) const = default;
 };
@@ -57,6 +61,10 @@ bool valid_tp(const ModelConfig& model, int tp);
 /// num_experts groups; etp ≤ moe_intermediate_size; tp·ep ≤ 4096.
 std::string broken_expert_rule(const ModelConfig& model, const Layout& layout);
 
+/// The first FSDP rule `layout` breaks for `model` (empty when none): fsdp ≥ 1; fsdp > 1
+/// only on dense models, without dtype=fp8, and tp·fsdp ≤ 4096.
+std::string broken_fsdp_rule(const ModelConfig& model, const Layout& layout);
+
 /// Throws Error unless `layout` is valid for `model` (sharding.md validity rules); the
 /// message names the rule that failed.
 void validate_layout(const ModelConfig& model, const Layout& layout);
@@ -65,10 +73,10 @@ void validate_layout(const ModelConfig& model, const Layout& layout);
 struct CollectionSpec {
   Layout layout;
   int dp = 1;
-  std::vector<DeviceId> devices;  ///< tp·pp·ep·dp ids; filled with 0.. when not given
+  std::vector<DeviceId> devices;  ///< tp·pp·ep·fsdp·dp ids; filled with 0.. when not given
 };
 
-/// Parses `tp=T,pp=P[,ep=X[,etp=K]],dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused][,dtype=fp8]`.
+/// Parses `tp=T,pp=P[,ep=X[,etp=K]][,fsdp=F],dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused][,dtype=fp8]`.
 /// Every error names the offending key and value.
 CollectionSpec parse_collection_spec(std::string_view spec);
 
