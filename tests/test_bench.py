@@ -82,6 +82,48 @@ with tempfile.TemporaryDirectory() as d:  # a value model: score.weight replicat
           and not any(f.get("tensor") == "lm_head.weight" for f in files),
           "score.weight [1, 128] whole on both TP ranks of the last stage, every training slot; no lm_head")
 
+# FSDP (fsdp=F) to TP/PP and back, with training slots, locally and across processes.
+for extra, src, dst in [([], "tp=2,pp=1,fsdp=2,dp=1", "tp=1,pp=2,dp=2,devices=2-5,packing=fused"),
+                        ([], "tp=4,pp=1,dp=1", "tp=1,pp=1,fsdp=3,dp=1,devices=1-3"),
+                        (["--transport", "ucx", "--procs", "2"], "tp=1,pp=2,dp=1", "tp=2,pp=1,fsdp=2,dp=1,devices=1-4"),
+                        (["--transport", "ucx", "--procs", "2"], "tp=2,pp=1,fsdp=2,dp=1", "tp=4,pp=1,dp=1,devices=2-5")]:
+    rc, j, err = bench("--model", "tiny-llama", "--from", src, "--to", dst, "--train", "--verify", "--repeat", "2", *extra)
+    check(rc == 0 and j.get("verified") is True and j.get("moved_bytes", 0) > 0,
+          f"FSDP {src} -> {dst} {extra}: every byte verified ({err.strip()[-300:]})")
+
+
+def fsdp_chunk(lo, hi, F, f):
+    """torch.chunk's f-th of F pieces of rows [lo, hi): ceil(n/F) rows each, the last short or empty."""
+    n = hi - lo
+    c = -(-n // F)
+    return [lo + min(f * c, n), lo + min((f + 1) * c, n)]
+
+
+with tempfile.TemporaryDirectory() as d:  # the dumped FSDP shards sit where sharding.md's FSDP rule puts them
+    rc, j, err = bench("--model", "tiny-llama", "--from", "tp=1,pp=2,dp=1", "--to", "tp=2,pp=1,fsdp=3,dp=1,devices=2-7",
+                       "--train", "--dump", d, "--repeat", "1")
+    check(rc == 0, f"local bench into FSDP with --dump ({err.strip()[-300:]})")
+    check_dump(NEREUS, d, "tiny-llama")
+    files = json.load(open(os.path.join(d, "manifest.json")))["files"]
+    got = {(f["device"], f["tensor"]): f["box"] for f in files if f["slot"] == "exp_avg"}
+    rows_q, H = 0, 0
+    for f in files:
+        if f["tensor"] == "model.layers.0.self_attn.q_proj.weight":
+            rows_q = max(rows_q, f["box"][0][1])
+            H = f["box"][1][1]
+    want = {}
+    for fc in range(3):
+        for r in range(2):
+            dev = 2 + fc * 2 + r  # R[(s·fsdp + f)·tp + r]
+            q = fsdp_chunk(r * rows_q // 2, (r + 1) * rows_q // 2, 3, fc)
+            o = fsdp_chunk(0, H, 3, fc)
+            if q[1] > q[0]:
+                want[(dev, "model.layers.0.self_attn.q_proj.weight")] = [q, [0, H]]
+            if o[1] > o[0]:
+                want[(dev, "model.layers.0.self_attn.o_proj.weight")] = [o, [r * rows_q // 2, (r + 1) * rows_q // 2]]
+    picked = {k: v for k, v in got.items() if k[1] in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight")}
+    check(picked == want and len(want) == 12, f"FSDP shards (q_proj by rows, o_proj's rows under TP columns) as torch.chunk cuts them: {picked}")
+
 # UCX across 2 and 4 processes.
 for procs, model, src, dst in [(2, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2"),
                                (4, "tiny-qwen2-tied", "tp=2,pp=2,dp=1,partition=3/2", "tp=4,pp=1,dp=1,packing=fused"),

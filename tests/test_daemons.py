@@ -237,7 +237,9 @@ try:
     for model, src, dst in [("tiny-llama", "tp=2,pp=1,dp=1", "tp=2,pp=1,dp=3"),
                             ("tiny-qwen2-tied", "tp=2,pp=2,dp=1,partition=3/2", "tp=1,pp=1,dp=2,devices=3:5,packing=fused"),
                             # Mixture of experts: an EP layout across two daemons to TP-split experts.
-                            ("tiny-qwen3-moe", "tp=1,pp=1,ep=4,etp=1,dp=1,devices=0-3", "tp=2,pp=1,dp=2,devices=2-5,packing=fused")]:
+                            ("tiny-qwen3-moe", "tp=1,pp=1,ep=4,etp=1,dp=1,devices=0-3", "tp=2,pp=1,dp=2,devices=2-5,packing=fused"),
+                            # FSDP: a training unit's dim-0 chunks across two daemons, into TP.
+                            ("tiny-llama", "tp=1,pp=1,fsdp=4,dp=1,devices=0-3", "tp=2,pp=1,dp=2,devices=2-5")]:
         rc, j, err = bench(addr, "--model", model, "--from", src, "--to", dst, "--train", "--verify", "--repeat", "2")
         check(rc == 0 and j.get("verified") is True and j.get("procs", 0) >= 2,
               f"daemons: {model} {src} -> {dst} verified across {j.get('procs')} nodes ({err.strip()[-300:]})")

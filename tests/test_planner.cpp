@@ -473,3 +473,65 @@ TEST_CASE("cost model: an expert's GEMM with few rows pays for its padded tile")
   CHECK(model.work(model_stages(dense)[1], {1, 1, 1}, Workload::of(dense, 100, 100)).ideal[static_cast<std::size_t>(OpClass::expert)] == 0);
 }
 
+
+TEST_CASE("cost model and planner: FSDP shares training state over its GPUs and pays for its gathers") {
+  const JobSpec job = load_job("ppo-llama-3.1-8b");
+  const CostModel model(load_cluster("paper-cluster-3-h200"));
+  const auto stages = model_stages(job);
+  const ModelStage& train = stages[5];
+  REQUIRE(train.kind == StageKind::train);
+  const Workload w = Workload::of(job, 500, 600);
+  const Candidate whole{1, 1, 1}, dp8{1, 1, 8}, fsdp8{1, 1, 1, false, 1, 0, 8};
+  // Training state (16 bytes a parameter) in eighths; a layer or two gathered at a time.
+  CHECK(model.memory(train, fsdp8, w).resident == doctest::Approx(model.memory(train, whole, w).resident / 8.0).epsilon(0.01));
+  CHECK(model.memory(train, fsdp8, w).transient > model.memory(train, whole, w).transient);
+  CHECK(model.memory(train, dp8, w).resident > 7 * model.memory(train, fsdp8, w).resident);
+  // The same FLOPs a GPU as eight DP replicas; gathering parameters twice and
+  // reduce-scattering gradients moves 1.5 times DP's all-reduce, while Adam updates an
+  // eighth of the state.
+  auto ideal = [&](const Candidate& c, OpClass k) { return model.work(train, c, w).ideal[static_cast<std::size_t>(k)]; };
+  CHECK(ideal(fsdp8, OpClass::gemm) == doctest::Approx(ideal(dp8, OpClass::gemm)));
+  CHECK(ideal(fsdp8, OpClass::allreduce_intra) == doctest::Approx(1.5 * ideal(dp8, OpClass::allreduce_intra)));
+  CHECK(ideal(fsdp8, OpClass::decode) == doctest::Approx(ideal(dp8, OpClass::decode) / 8));
+  CHECK(model.seconds(train, fsdp8, w) < model.seconds(train, whole, w));
+  // The planner weighs FSDP only when asked (a job that uses it), for training stages of
+  // dense models; asked, it never plans slower, and its plans fit by the estimate.
+  PlannerOptions with;
+  with.fsdp = true;
+  auto uses_fsdp = [](const PlanChoice& c) {
+    for (const auto& [name, spec] : c.plan.stages)
+      if (spec.layout.fsdp > 1) return true;
+    return false;
+  };
+  for (int gpus : {8, 16, 32}) {
+    const PlanChoice off = plan_job(model, job, gpus, w), on = plan_job(model, job, gpus, w, with);
+    CAPTURE(gpus);
+    REQUIRE(off.feasible);
+    REQUIRE(on.feasible);
+    CHECK_FALSE(uses_fsdp(off));
+    CHECK(on.step_seconds <= off.step_seconds * (1 + 1e-9));
+    CHECK(estimate_plan(model, job, on.plan, w).fits);
+    for (const auto& [name, spec] : on.plan.stages)
+      if (spec.layout.fsdp > 1) CHECK(name.ends_with("/train"));
+  }
+  bool fsdp_candidates = false, elsewhere = false;
+  for (const ModelStage& s : stages)
+    for (const Candidate& c : stage_candidates(s, 16, model.cluster(), 64, with)) {
+      fsdp_candidates = fsdp_candidates || c.fsdp > 1;
+      elsewhere = elsewhere || (c.fsdp > 1 && s.kind != StageKind::train);
+    }
+  CHECK(fsdp_candidates);
+  CHECK_FALSE(elsewhere);
+  // The planner's optimum with FSDP equals an exhaustive search on small jobs.
+  const JobSpec tiny = testcase::tiny_ppo_job();
+  std::mt19937_64 rng(11);
+  for (int k = 0; k < 60; ++k) {
+    const int gpus = std::uniform_int_distribution<int>(2, 4)(rng);
+    const CostModel small(small_cluster(std::uniform_real_distribution<double>(0.003, 0.02)(rng), 4));
+    const Workload tw = Workload::of(tiny, 64, 80);
+    const PlanChoice fast = plan_job(small, tiny, gpus, tw, with), all = plan_job_exhaustive(small, tiny, gpus, tw, with);
+    CAPTURE(k);
+    REQUIRE(fast.feasible == all.feasible);
+    if (fast.feasible) CHECK(fast.step_seconds == doctest::Approx(all.step_seconds).epsilon(1e-9));
+  }
+}

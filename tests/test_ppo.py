@@ -72,6 +72,17 @@ def fsdp_actor(ppo, check):
     if len(losses) == 2:
         a, b = losses.values()
         check(a == b, f"the FSDP actor trains exactly as the one-device actor: {a} vs {b}")
+    # The live controller, given a job that trains with FSDP, weighs FSDP against TP/PP at
+    # the memory-forced change (responses grow every step); whatever it picks runs on and
+    # passes the bit-for-bit state check.
+    r = subprocess.run([sys.executable, ppo, "--steps", "4", "--grow-at", "-1", "--json", "--check-state", "--actor-train",
+                        "tp=1,pp=1,fsdp=2,dp=1,devices=4-5"], capture_output=True, text=True, timeout=240)
+    check(r.returncode == 0, f"FSDP actor under the controller: exits 0 (rc {r.returncode}): {r.stderr[-1500:]}")
+    if r.returncode == 0:
+        out = json.loads(r.stdout)
+        check(any("memory" in t["trigger"] and t["completed"] for t in out["transitions"])
+              and out["state_checks"]["passed"] >= 1 and out["state_checks"]["failed"] == 0,
+              f"FSDP actor: the memory-forced change completed and checked ({out['transitions']}, {out['state_checks']})")
     return check.failed - failed_before
 
 

@@ -166,6 +166,42 @@ class MixtureOfExperts(unittest.TestCase):
             self.assertEqual(mismatches(job, "actor/train", full), [])
 
 
+class Fsdp(unittest.TestCase):
+    """FSDP units (fsdp=F): each device's shards are torch views of dim-0 chunks of the TP
+    boxes, cut as torch.chunk cuts them, and training state moves into and out of FSDP
+    bit for bit."""
+
+    def test_fsdp_views_and_round_trip(self):
+        job = new_job(plan=plan(actor__train="tp=2,pp=1,fsdp=2,dp=1,devices=0-3"))
+        unit = job.units("actor/train")[0]
+        self.assertEqual(unit.devices, [0, 1, 2, 3])
+        full = full_tensors(job, "actor/train", seed=3)
+        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+                     "model.layers.0.input_layernorm.weight"):
+            whole = full[(name, "param")]
+            for r in range(2):
+                # The TP box of rank r (q rows, o columns, the norm whole), then its chunks.
+                if "o_proj" in name:
+                    tp_box = whole[:, r * whole.shape[1] // 2:(r + 1) * whole.shape[1] // 2]
+                elif "q_proj" in name:
+                    tp_box = whole[r * whole.shape[0] // 2:(r + 1) * whole.shape[0] // 2]
+                else:
+                    tp_box = whole
+                for f, chunk in enumerate(torch.chunk(tp_box, 2, 0)):
+                    device = f * 2 + r  # R[(s·fsdp + f)·tp + r]
+                    got = [s for s in unit.shards() if s.tensor == name and s.device == device]
+                    self.assertEqual(len(got), 1, (name, device))
+                    self.assertEqual(tuple(got[0].data.shape), tuple(chunk.shape), (name, device))
+        write_all(job, "actor/train", full)
+        self.assertEqual(mismatches(job, "actor/train", full), [])
+        for target in ("tp=4,pp=1,dp=1,devices=4-7", "tp=1,pp=1,fsdp=4,dp=1,devices=0-3", "tp=2,pp=2,dp=1,devices=4-7"):
+            report = job.transition(plan(actor__train=target, critic__train="tp=4,pp=1,dp=1,devices=0-3")
+                                    if target.endswith("4-7") else plan(actor__train=target))
+            self.assertTrue(report["completed"], report)
+            self.assertEqual(job.plan["actor/train"], target)
+            self.assertEqual(mismatches(job, "actor/train", full), [])
+
+
 class DeepSeekStyle(unittest.TestCase):
     """A GRPO job on tiny-deepseek-v3 (MLA, shared experts): the router's float32 bias is a
     float32 view among bf16 ones, and MLA units move bit for bit through TP and EP changes."""

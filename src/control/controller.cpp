@@ -184,7 +184,7 @@ GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
       int dp = 1;
       for (int d = 1; unit * d <= share; ++d)
         if (seqs % d == 0) dp = d;
-      stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false, spec.layout.ep, spec.layout.etp}, 0, {}});
+      stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false, spec.layout.ep, spec.layout.etp, spec.layout.fsdp}, 0, {}});
     }
   }
   GlobalPlan p = place(job_, stages, representation_of(current));
@@ -254,6 +254,8 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
   const auto t0 = std::chrono::steady_clock::now();
   // Every plan proposed from here holds each model-stage as `current` does (packing, FP8).
   options_.planner.representation = representation_of(current);
+  // A job that trains with FSDP gets FSDP weighed against TP/PP from then on.
+  for (const auto& [name, spec] : current.stages) options_.planner.fsdp = options_.planner.fsdp || spec.layout.fsdp > 1;
   auto done = [&](Decision& d) {
     d.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (d.replanned || d.admitted)  // one line per decision, with its numbers

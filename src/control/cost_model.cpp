@@ -228,6 +228,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
   const bool ep_inside = c.tp * c.ep <= k.gpus_per_node;
   const bool pp_inside = unit <= k.gpus_per_node;
   const bool dp_inside = unit * c.dp <= k.gpus_per_node;
+  const bool fsdp_inside = c.tp * c.fsdp <= k.gpus_per_node;  // an FSDP group strides over its TP group
   const double B = static_cast<double>(w.sequences) / c.dp;
   const double groups = static_cast<double>(c.tp * c.ep / c.expert_tp());  // expert groups of a stage
   const double P = w.prompt_len, R = w.response_len_mean, T = P + R;
@@ -263,6 +264,16 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
     add(latency(ep_inside), count * m.Ls / c.pp * 2 * (groups - 1) * (ep_inside ? kIntraLatency : kInterLatency));
   };
   const double stage_layers = std::ceil(m.L / c.pp);
+  // FSDP: before a layer runs (forward, and again in backward) its fsdp GPUs all-gather
+  // the layer's chunks (bf16), and backward reduce-scatters its gradients; a ring moves
+  // (F−1)/F of the bytes either way, half an all-reduce. One collective per layer each.
+  auto fsdp_collectives = [&](double count) {
+    if (c.fsdp <= 1) return;
+    const double shard = m.gpu_params(c) / c.pp * 2.0;  // the stage's TP shard, bf16
+    add(fsdp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter,
+        count * allreduce(shard, c.fsdp, fsdp_inside ? intra : inter) / 2);
+    add(latency(fsdp_inside), count * stage_layers * ring_steps(c.fsdp) / 2 * (fsdp_inside ? kIntraLatency : kInterLatency));
+  };
   // Forward FLOPs of n sequences of t tokens; attention is causal. Experts apart: their
   // class learns the routing imbalance.
   const double gemm_flops = 2.0 * m.linear();  // per token
@@ -282,6 +293,7 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
   switch (stage.kind) {
     case StageKind::generate: {
       const double micro = std::min(B, 4.0 * c.pp);
+      fsdp_collectives(1);  // prefill; decoding gathers each iteration (below)
       add(OpClass::gemm, gemm_flops * B * P / unit / peak * bubble(micro));
       add(OpClass::expert, expert_flops * B * P / unit / peak * bubble(micro) * expert_padding(B * P / micro / c.ep));
       add(OpClass::attention, attention_flops(P) * B / unit / peak * bubble(micro));
@@ -308,12 +320,14 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       tp_allreduce(iterations * m.L * 2, std::min(B / c.ep, kMaxRunning) * H * act);
       dispatch(iterations * c.pp, std::min(B / c.ep, kMaxRunning) * c.ep / c.pp);
       pp_hops(0, iterations, std::min(B / c.ep, kMaxRunning) * H * act);
+      fsdp_collectives(iterations);
       add(OpClass::graph_launch, iterations * m.L * kKernelsPerLayer * kLaunch);
       add(OpClass::host, iterations * kHostStep);
       break;
     }
     case StageKind::infer: {
-      const double micro = B / c.ep;  // a replica's sequences, one per micro-batch
+      const double micro = B / (c.ep * c.fsdp);  // a replica's sequences, one per micro-batch
+      fsdp_collectives(1);
       add(OpClass::gemm, gemm_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::expert, expert_flops * B * T / unit / peak * bubble(micro) * expert_padding(T));
       add(OpClass::attention, attention_flops(T) * B / unit / peak * bubble(micro));
@@ -325,7 +339,8 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
     }
     case StageKind::train: {
       const double passes = c.recompute ? 4.0 : 3.0;
-      const double micro = B / c.ep;
+      const double micro = B / (c.ep * c.fsdp);
+      fsdp_collectives(c.recompute ? 4 : 3);  // gathers for forward and backward (and the recompute), one reduce-scatter
       add(OpClass::gemm, passes * gemm_flops * B * T / unit / peak * bubble(micro));
       add(OpClass::expert, passes * expert_flops * B * T / unit / peak * bubble(micro) * expert_padding(T));
       add(OpClass::attention, passes * attention_flops(T) * B / unit / peak * bubble(micro));
@@ -336,14 +351,14 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
       // Gradients: the experts' reduce over DP, everything else (replicated over the ep
       // attention copies) over ep·dp.
       const double expert_grads = m.expert_params() / unit * 2.0;
-      const double other_grads = (m.params() - m.expert_params()) / (c.tp * c.pp) * 2.0;
+      const double other_grads = (m.params() - m.expert_params()) / (c.tp * c.pp * c.fsdp) * 2.0;
       for (auto [bytes, n] : {std::pair{other_grads, c.dp * c.ep}, std::pair{expert_grads, c.dp}})
         if (n > 1 && bytes > 0) {
           add(dp_inside ? OpClass::allreduce_intra : OpClass::allreduce_inter, allreduce(bytes, n, dp_inside ? intra : inter));
           add(latency(dp_inside), ring_steps(n) * (dp_inside ? kIntraLatency : kInterLatency));
         }
       // Adam: read and write params, grads, master weights and both moments.
-      add(OpClass::decode, m.gpu_params(c) / c.pp * 2 * 16 / hbm);
+      add(OpClass::decode, m.gpu_params(c) / (c.pp * c.fsdp) * 2 * 16 / hbm);
       break;
     }
   }
@@ -357,8 +372,11 @@ StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const
   const bool train = stage.kind == StageKind::train;
   StageMemory out;
   // bf16 params; training adds bf16 grads, fp32 master weights and Adam moments.
-  out.resident = static_cast<std::uint64_t>(m.busiest_elements(c) * (train ? 16.0 : 2.0));
+  // FSDP keeps a chunk of everything and gathers a layer at a time, the next one
+  // prefetched: two layers' bf16 parameters (and in backward their gradients) transient.
+  out.resident = static_cast<std::uint64_t>(std::ceil(m.busiest_elements(c) / c.fsdp) * (train ? 16.0 : 2.0));
   const double layers = std::ceil(m.L / c.pp);
+  const double gathered = c.fsdp > 1 ? 2 * m.layer_elements(c) * 2.0 * (train ? 2 : 1) : 0.0;
   const double logits = T * m.out_rows(c.tp) * 4.0;
   double transient = 0;
   switch (stage.kind) {
@@ -380,7 +398,7 @@ StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const
       break;
     }
   }
-  out.transient = static_cast<std::uint64_t>(transient * memory_scale_);
+  out.transient = static_cast<std::uint64_t>((transient + gathered) * memory_scale_);
   out.resident = static_cast<std::uint64_t>(static_cast<double>(out.resident) * memory_scale_);
   return out;
 }

@@ -131,30 +131,36 @@ std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const
   bool on_blocks = false;
   for (const auto& [name, r] : o.representation)
     on_blocks = on_blocks || (r.fp8 && (name == stage.name() || (stage.kind == StageKind::train && role_of(name) == stage.role)));
+  // FSDP degrees: powers of two for a dense model's training stage, when the job uses FSDP.
+  std::vector<int> fsdps{1};
+  if (o.fsdp && !m.moe() && stage.kind == StageKind::train)
+    for (int f = 2; f <= std::min(gpus, 8); f *= 2) fsdps.push_back(f);
   std::vector<Candidate> out;
   for (int tp = 1; tp <= std::min(gpn, gpus); ++tp) {
     if (!valid_tp(m, tp)) continue;
-    for (auto [ep, etp] : experts) {
-      if (etp == 1 && tp == 1) continue;  // the same as etp = tp
-      if (!broken_expert_rule(m, Candidate{tp, 1, 1, false, ep, etp}.layout()).empty()) continue;
-      if (on_blocks && cuts_fp8_block(*stage.model, Candidate{tp, 1, 1, false, ep, etp}.layout())) continue;
-      for (int pp = 1; pp <= std::min<std::int64_t>(o.max_pp, m.layers); pp *= 2)
-        for (int dp = 1; tp * pp * ep * dp <= gpus; ++dp) {
-          if (sequences % dp != 0) continue;
-          const int g = tp * pp * ep * dp;
-          if (g > gpn && g % grain != 0) continue;
-          for (bool re : {false, true}) {
-            if (re && stage.kind != StageKind::train) continue;
-            out.push_back({tp, pp, dp, re, ep, etp});
+    for (auto [ep, etp] : experts)
+      for (int fsdp : fsdps) {
+        if (etp == 1 && tp == 1) continue;  // the same as etp = tp
+        const Candidate shape{tp, 1, 1, false, ep, etp, fsdp};
+        if (!broken_expert_rule(m, shape.layout()).empty()) continue;
+        if (on_blocks && cuts_fp8_block(*stage.model, shape.layout())) continue;
+        for (int pp = 1; pp <= std::min<std::int64_t>(o.max_pp, m.layers); pp *= 2)
+          for (int dp = 1; tp * pp * ep * fsdp * dp <= gpus; ++dp) {
+            if (sequences % dp != 0) continue;
+            const int g = tp * pp * ep * fsdp * dp;
+            if (g > gpn && g % grain != 0) continue;
+            for (bool re : {false, true}) {
+              if (re && stage.kind != StageKind::train) continue;
+              out.push_back({tp, pp, dp, re, ep, etp, fsdp});
+            }
           }
-        }
-    }
+      }
   }
   return out;
 }
 
 Candidate candidate_of(const CollectionSpec& spec, bool recompute) {
-  return {spec.layout.tp, spec.layout.pp, spec.dp, recompute, spec.layout.ep, spec.layout.etp};
+  return {spec.layout.tp, spec.layout.pp, spec.dp, recompute, spec.layout.ep, spec.layout.etp, spec.layout.fsdp};
 }
 
 std::map<std::string, Representation> representation_of(const GlobalPlan& plan) {

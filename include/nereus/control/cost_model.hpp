@@ -60,12 +60,15 @@ struct StageMemory {
 
 /// One placement of a model-stage: layout, replicas, and choices that trade memory for time.
 /// Mixture-of-experts models add expert parallelism: ep attention copies per unit and
-/// experts split in tp·ep/etp groups (sharding.md; etp 0 means tp).
+/// experts split in tp·ep/etp groups (sharding.md; etp 0 means tp). Dense models may add
+/// FSDP: fsdp GPUs share each TP/PP shard in dim-0 chunks and each computes its own
+/// share of the unit's sequences, gathering a layer's parameters when it runs it.
 struct Candidate {
   int tp = 1, pp = 1, dp = 1;
   bool recompute = false;  ///< training: keep only layer inputs, recompute the rest
   int ep = 1, etp = 0;
-  int unit() const { return tp * pp * ep; }
+  int fsdp = 1;
+  int unit() const { return tp * pp * ep * fsdp; }
   int gpus() const { return unit() * dp; }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   Layout layout() const {
@@ -74,6 +77,7 @@ struct Candidate {
     l.pp = pp;
     l.ep = ep;
     l.etp = etp;
+    l.fsdp = fsdp;
     return l;
   }
   bool operator==(const Candidate&) const = default;

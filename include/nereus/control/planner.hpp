@@ -37,6 +37,10 @@ struct PlannerOptions {
   int granularity = 0;
   /// By model-stage; a stage not named holds hf packing in the config's dtype.
   std::map<std::string, Representation> representation;
+  /// Training stages of dense models may also take FSDP (fsdp = 2, 4, 8). Off unless a
+  /// job uses FSDP: the controller sets it when the current plan has an FSDP stage, and
+  /// the simulator's ground truth does not model FSDP.
+  bool fsdp = false;
 };
 
 /// One model-stage's choice and what the cost model predicts for it.
