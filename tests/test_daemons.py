@@ -413,6 +413,12 @@ try:
     check(sum(l["bytes"] for l in t.get("links", [])) > 0 and t.get("copied_bytes", 0) >= t.get("moved_bytes", 1),
           f"per-link bytes from the nodes' timings ({t.get('copied_bytes')} copied, {t.get('moved_bytes')} planned over links)")
     check(t.get("sent_bytes") == 0, f"gets: no node sends ({t.get('sent_bytes')} bytes sent)")
+    # The actor's training state into FSDP (dim-0 chunks, sharding.md) across the daemons.
+    fsdp_to = dict(JOB_TO, **{"actor/train": "tp=1,pp=1,fsdp=2,dp=2,devices=2-5"})
+    rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(fsdp_to))
+    t = step1(j).get("transition", {})
+    check(rc == 0 and t.get("completed") is True and j.get("plan") == fsdp_to and j.get("verified") is True,
+          f"cluster job --to an FSDP actor/train: moved across the daemons and verified ({t.get('error')} {err.strip()[-300:]})")
     rc, j, err = cluster_job(addr, "--plan", json.dumps(JOB_FROM), "--to", json.dumps(JOB_TO), "--inject-kill-node", "2")
     f = failure1(j)
     check(f.get("lost_nodes") == [2] and f.get("phase") == "transition" and "node 2" in step1(j).get("transition", {}).get("error", ""),
