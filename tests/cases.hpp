@@ -96,7 +96,8 @@ class Generator {
       l.partition.push_back(static_cast<int>(c.layers) - prev);
     }
     l.packing = coin() ? nereus::Packing::fused : nereus::Packing::hf;
-    if (fsdp_here_ > 1 && c.experts == 0 && coin(0.7)) {
+    if (megatron && c.experts == 0 && l.tp <= c.kv_heads && coin(0.5)) l.packing = nereus::Packing::megatron;
+    if (fsdp_here_ > 1 && c.experts == 0 && l.packing != nereus::Packing::megatron && coin(0.7)) {
       // Units that fit the pool: fewer stages, then fewer chunks, when tp·pp·fsdp is large.
       l.fsdp = uniform(2, fsdp_here_);
       if (l.tp * l.pp * l.fsdp > 10 && l.pp > 1) l.pp = 1, l.partition.clear();
@@ -165,6 +166,8 @@ class Generator {
   /// the other tests' sequences), and whether targets get them too.
   int max_fsdp = 1;
   bool fsdp_target = true;
+  /// Megatron packing on dense layouts where it is valid (tp ≤ kv heads), half the time.
+  bool megatron = false;
 
  private:
   std::mt19937_64 rng_;

@@ -120,6 +120,7 @@ struct Layout {
   bool fused = false;
   int ep = 1, etp = 0;  // etp: the expert TP degree; 0 when not given, which means tp
   int fsdp = 1;         // FSDP chunks of each TP box (dense models)
+  bool megatron = false;  // Megatron-Core packing (dense models)
   int expert_tp() const { return etp > 0 ? etp : tp; }
 };
 
@@ -210,6 +211,52 @@ struct Buffer {
   std::vector<std::pair<std::size_t, Box>> parts;
 };
 
+/// sharding.md, "Megatron packing": the Megatron-Core name of a Hugging Face tensor's
+/// local buffer (a dense decoder).
+inline std::string megatron_name(const std::string& hf) {
+  if (hf == "model.embed_tokens.weight") return "embedding.word_embeddings.weight";
+  if (hf == "model.norm.weight") return "decoder.final_layernorm.weight";
+  if (hf == "lm_head.weight") return "output_layer.weight";
+  if (hf.rfind("model.layers.", 0) != 0) return hf;  // score.weight keeps its name
+  const auto dot = hf.find('.', 13);
+  const std::string p = "decoder.layers." + hf.substr(13, dot - 13) + ".", rest = hf.substr(dot + 1);
+  const std::pair<const char*, const char*> names[] = {
+      {"input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"},
+      {"self_attn.q_proj.weight", "self_attention.linear_qkv.weight"}, {"self_attn.k_proj.weight", "self_attention.linear_qkv.weight"},
+      {"self_attn.v_proj.weight", "self_attention.linear_qkv.weight"}, {"self_attn.q_proj.bias", "self_attention.linear_qkv.bias"},
+      {"self_attn.k_proj.bias", "self_attention.linear_qkv.bias"}, {"self_attn.v_proj.bias", "self_attention.linear_qkv.bias"},
+      {"self_attn.q_norm.weight", "self_attention.q_layernorm.weight"}, {"self_attn.k_norm.weight", "self_attention.k_layernorm.weight"},
+      {"self_attn.o_proj.weight", "self_attention.linear_proj.weight"},
+      {"post_attention_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"},
+      {"mlp.gate_proj.weight", "mlp.linear_fc1.weight"}, {"mlp.up_proj.weight", "mlp.linear_fc1.weight"},
+      {"mlp.down_proj.weight", "mlp.linear_fc2.weight"}};
+  for (auto [from, to] : names)
+    if (rest == from) return p + to;
+  return hf;
+}
+
+/// linear_qkv's parts [q; k; v] (whole local shards, in that order) as Megatron stores
+/// them: for each local query group, its q heads' rows, then its k rows, then its v rows.
+inline std::vector<std::pair<std::size_t, Box>> interleave_groups(const nereus::ModelConfig& c, const std::vector<Tensor>& ts,
+                                                                  const std::vector<std::pair<std::size_t, Box>>& qkv) {
+  auto find = [&](const char* what) {
+    for (const auto& p : qkv)
+      if (ts[p.first].name.find(what) != std::string::npos) return p;
+    return qkv.front();
+  };
+  const auto q = find("q_proj"), k = find("k_proj"), v = find("v_proj");
+  const std::int64_t qrows = c.heads / c.kv_heads * c.head_dim, kvrows = c.head_dim;
+  const std::int64_t groups = (k.second[0].second - k.second[0].first) / kvrows;
+  std::vector<std::pair<std::size_t, Box>> out;
+  for (std::int64_t g = 0; g < groups; ++g)
+    for (const auto& [part, rows] : {std::pair{q, qrows}, std::pair{k, kvrows}, std::pair{v, kvrows}}) {
+      Box b = part.second;
+      b[0] = {part.second[0].first + g * rows, part.second[0].first + (g + 1) * rows};
+      out.push_back({part.first, b});
+    }
+  return out;
+}
+
 /// Buffers of position (s, g), keyed by buffer name. Fused experts stack in expert order:
 /// w13 = per expert [gate; up], w2 = per expert down (the tensor list's order).
 inline std::map<std::string, Buffer> buffers(const nereus::ModelConfig& c, const std::vector<Tensor>& ts,
@@ -246,8 +293,13 @@ inline std::map<std::string, Buffer> buffers(const nereus::ModelConfig& c, const
         break;
       }
     }
+    if (l.megatron) name = megatron_name(name);
     out[name].parts.push_back({i, *b});
   }
+  if (l.megatron)
+    for (auto& [name, buf] : out)
+      if (name.find("linear_qkv.weight") != std::string::npos || name.find("linear_qkv.bias") != std::string::npos)
+        buf.parts = interleave_groups(c, ts, buf.parts);
   return out;
 }
 

@@ -124,6 +124,26 @@ with tempfile.TemporaryDirectory() as d:  # the dumped FSDP shards sit where sha
     picked = {k: v for k, v in got.items() if k[1] in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight")}
     check(picked == want and len(want) == 12, f"FSDP shards (q_proj by rows, o_proj's rows under TP columns) as torch.chunk cuts them: {picked}")
 
+# Megatron packing (a trainer's own buffers: interleaved linear_qkv, [gate; up]
+# linear_fc1) to vLLM's fused packing and back, verified, and its dump recomputed here.
+for extra, src, dst in [([], "tp=2,pp=1,dp=1,packing=megatron", "tp=1,pp=2,dp=2,devices=2-5,packing=fused"),
+                        (["--transport", "ucx", "--procs", "2"], "tp=2,pp=1,dp=2,packing=fused", "tp=1,pp=2,dp=1,devices=4-5,packing=megatron")]:
+    rc, j, err = bench("--model", "tiny-llama", "--from", src, "--to", dst, "--train", "--verify", "--repeat", "2", *extra)
+    check(rc == 0 and j.get("verified") is True, f"Megatron {src} -> {dst} {extra}: every byte verified ({err.strip()[-300:]})")
+with tempfile.TemporaryDirectory() as d:
+    rc, j, err = bench("--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1,devices=3,packing=megatron",
+                       "--train", "--dump", d, "--repeat", "1")
+    check(rc == 0, f"local bench into Megatron packing with --dump ({err.strip()[-300:]})")
+    check_dump(NEREUS, d, "tiny-llama")
+    files = json.load(open(os.path.join(d, "manifest.json")))["files"]
+    qkv = next((f for f in files if f["device"] == 3 and f.get("buffer") == "decoder.layers.0.self_attention.linear_qkv.weight"
+                and f["slot"] == "param"), None)
+    order = [(p["tensor"].split(".")[-2], p["box"][0]) for p in qkv["parts"]] if qkv else []
+    # tiny-llama: 8 heads, 2 kv heads of 16 rows: per group 4 q heads (64 rows), then k, then v.
+    check(order == [("q_proj", [0, 64]), ("k_proj", [0, 16]), ("v_proj", [0, 16]),
+                     ("q_proj", [64, 128]), ("k_proj", [16, 32]), ("v_proj", [16, 32])],
+          f"linear_qkv interleaves each query group's q, k and v rows: {order}")
+
 # UCX across 2 and 4 processes.
 for procs, model, src, dst in [(2, "tiny-llama", "tp=4,pp=1,dp=1,packing=fused", "tp=2,pp=1,dp=2"),
                                (4, "tiny-qwen2-tied", "tp=2,pp=2,dp=1,partition=3/2", "tp=4,pp=1,dp=1,packing=fused"),

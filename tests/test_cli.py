@@ -142,6 +142,17 @@ for model, src, dst, needle in [
         ("tiny-llama", "tp=1,pp=1,fsdp=4,dp=1", "tp=1,pp=1,dp=1,devices=9,dtype=fp8",
          "(source 'source' of an FP8 target)")]:
     expect_error(["plan", "--model", model, "--from", src, "--to", dst], needle)
+# Megatron packing: a trainer's own buffers; the same bytes move as for hf.
+mg = plan_json("--model", "llama-3.2-1b", "--train", "--from", "tp=4,pp=1,dp=1,packing=megatron", "--to", "tp=2,pp=2,dp=1,packing=fused")
+hf_ = plan_json("--model", "llama-3.2-1b", "--train", "--from", "tp=4,pp=1,dp=1", "--to", "tp=2,pp=2,dp=1,packing=fused")
+check(mg["moved_bytes"] == hf_["moved_bytes"] == mg["lower_bound_bytes"], "Megatron packing moves the bytes hf moves, at the bound")
+for model, src, needle in [
+        ("tiny-llama", "tp=4,pp=1,dp=1,packing=megatron", "packing=megatron with tp=4 > num_key_value_heads=2"),
+        ("tiny-deepseek-v3", "tp=1,pp=1,dp=1,packing=megatron", "packing=megatron on an MLA model"),
+        ("tiny-qwen3-moe", "tp=1,pp=1,dp=1,packing=megatron", "packing=megatron on a mixture-of-experts model"),
+        ("tiny-llama", "tp=1,pp=1,fsdp=2,dp=1,packing=megatron", "packing=megatron with fsdp"),
+        ("tiny-llama", "tp=1,pp=1,dp=1,packing=vllm", "packing=vllm is not hf, fused or megatron")]:
+    expect_error(["plan", "--model", model, "--from", src, "--to", "tp=1,pp=1,dp=1,devices=9"], needle)
 expect_error(["plan", "--model", "no-such", "--from", "tp=1,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "neither a file nor a preset")
 expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=3,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1"], "tp=3")
 expect_error(["plan", "--model", "llama-3.1-8b", "--from", "tp=2,pp=1,dp=1,devices=0:0", "--to", "tp=1,pp=1,dp=1"],

@@ -27,7 +27,7 @@ using nereus::Slot;
 using nereus::Transfer;
 
 ref::Layout to_ref(const nereus::Layout& l) {
-  return {l.tp, l.pp, l.partition, l.packing == nereus::Packing::fused, l.ep, l.etp, l.fsdp};
+  return {l.tp, l.pp, l.partition, l.packing == nereus::Packing::fused, l.ep, l.etp, l.fsdp, l.packing == nereus::Packing::megatron};
 }
 
 /// Calls f(s, g, device) for every position of a unit, devices found by sharding.md's
@@ -594,4 +594,26 @@ TEST_CASE("FSDP sources into FP8 targets: block-aligned chunks planned at the lo
   }
   CHECK(planned > testing::cases(20, 10));
   CHECK(refused > testing::cases(20, 10));
+}
+
+TEST_CASE("random Megatron-packed transitions (interleaved linear_qkv, [gate; up] linear_fc1, with FSDP and fused sides)") {
+  testcase::Generator gen(0x3e6a);
+  gen.megatron = true;
+  gen.max_fsdp = 3;
+  int megatron_src = 0, megatron_dst = 0, groups_split = 0;
+  for (int i = 0; i < testing::cases(160, 80); ++i) {
+    const auto k = gen.next(kModels);
+    CAPTURE(i);
+    check_case(k);
+    if (i % 4 == 0) moves_fp8_bytes(nereus::plan_reshard(k.sources, k.target));  // UnitStore's blocks through the executor
+    for (const auto& src : k.sources)
+      for (const auto& u : src.units) megatron_src += u.layout.packing == nereus::Packing::megatron;
+    for (const auto& u : k.target.units) megatron_dst += u.layout.packing == nereus::Packing::megatron;
+    const auto& c = k.model->config();
+    for (const auto& u : k.target.units)
+      groups_split += u.layout.packing == nereus::Packing::megatron && c.kv_heads / u.layout.tp > 1;
+  }
+  CHECK(megatron_src > testing::cases(40, 20));
+  CHECK(megatron_dst > testing::cases(40, 20));
+  CHECK(groups_split > testing::cases(20, 10));  // ranks with several query groups: boxes split per group
 }

@@ -202,6 +202,59 @@ class Fsdp(unittest.TestCase):
             self.assertEqual(mismatches(job, "actor/train", full), [])
 
 
+class MegatronPacking(unittest.TestCase):
+    """A Megatron trainer's own buffers as a unit (packing=megatron): linear_qkv built here
+    from Hugging Face q, k, v by Megatron-Core's rule (each query group's q rows, then its
+    k and v rows), adopted, and resharded into vLLM's fused layout, compared element by
+    element with the Hugging Face tensors."""
+
+    def test_adopted_linear_qkv_reshards_into_fused(self):
+        train = "tp=1,pp=1,dp=1,devices=0,packing=megatron"
+        p = plan(actor__train=train, actor__generate="tp=2,pp=1,dp=2,devices=0-3,packing=fused")
+        probe = new_job(plan=p)
+        names = {b["buffer"] for b in probe.units("actor/train")[0].buffers()}
+        self.assertIn("decoder.layers.0.self_attention.linear_qkv.weight", names)
+        self.assertIn("decoder.layers.0.mlp.linear_fc1.weight", names)
+        self.assertIn("embedding.word_embeddings.weight", names)
+        q, k, v = (f"model.layers.0.self_attn.{x}_proj.weight" for x in "qkv")
+        # Shards of an interleaved tensor are one per query group: the full shape from their boxes.
+        shape = {}
+        for s in probe.units("actor/train")[0].shards():
+            if s.tensor in (q, k, v):
+                shape[s.tensor] = (max(shape.get(s.tensor, (0,))[0], s.box[0][1]), s.box[1][1])
+        del probe
+        g = torch.Generator().manual_seed(9)
+        hf = {name: torch.randn(shape[name], generator=g).to(torch.bfloat16) for name in (q, k, v)}
+        hd = hf[k].shape[0] // 2  # tiny-llama: 2 kv heads
+        nkv, qpg = hf[k].shape[0] // hd, hf[q].shape[0] // hf[k].shape[0]
+        groups = [torch.cat([hf[q][j * qpg * hd:(j + 1) * qpg * hd], hf[k][j * hd:(j + 1) * hd], hf[v][j * hd:(j + 1) * hd]])
+                  for j in range(nkv)]
+        linear_qkv = torch.cat(groups).contiguous()
+        job = new_job(plan=p, adopt=[{"stage": "actor/train", "replica": 0, "device": 0, "slot": "param",
+                                      "buffer": "decoder.layers.0.self_attention.linear_qkv.weight", "tensor": linear_qkv}])
+        unit = job.units("actor/train")[0]
+        qkv_shards = [s for s in unit.shards() if s.tensor in hf]
+        self.assertEqual(len(qkv_shards), 3 * nkv)  # a block per tensor and query group
+        for s in qkv_shards:
+            self.assertTrue(torch.equal(s.data, hf[s.tensor][s.box[0][0]:s.box[0][1]]), (s.tensor, s.box))
+        with job.stage("actor/train"):
+            pass  # the trainer's step (the weights are already its)
+        job.end_step()  # the weight sync: actor/train (Megatron) -> actor/generate (fused)
+        for u in job.units("actor/generate"):
+            for dev in u.devices:
+                parts = sorted((s.data_ptr, s) for s in u.shards() if s.device == dev and s.tensor in hf)
+                # vLLM's qkv_proj: [local q; local k; local v], each equal to the HF rows it names.
+                self.assertEqual([s.tensor for _, s in parts], [q, k, v])
+                for _, s in parts:
+                    self.assertTrue(torch.equal(s.data, hf[s.tensor][s.box[0][0]:s.box[0][1]]), (dev, s.tensor, s.box))
+                self.assertEqual(parts[1][0] - parts[0][0], parts[0][1].nbytes)
+                self.assertEqual(parts[2][0] - parts[1][0], parts[1][1].nbytes)
+
+    def test_megatron_refusals(self):
+        with self.assertRaisesRegex(nereus.Error, "packing=megatron with tp=4 > num_key_value_heads=2"):
+            new_job(plan=plan(actor__train="tp=4,pp=1,dp=1,devices=0-3,packing=megatron"))
+
+
 class DeepSeekStyle(unittest.TestCase):
     """A GRPO job on tiny-deepseek-v3 (MLA, shared experts): the router's float32 bias is a
     float32 view among bf16 ones, and MLA units move bit for bit through TP and EP changes."""

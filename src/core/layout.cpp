@@ -7,7 +7,7 @@
 
 namespace nereus {
 
-std::string_view to_string(Packing p) { return p == Packing::hf ? "hf" : "fused"; }
+std::string_view to_string(Packing p) { return p == Packing::hf ? "hf" : p == Packing::fused ? "fused" : "megatron"; }
 
 Range Layout::stage_layers(int s, std::int64_t L) const {
   if (partition.empty()) return part(L, pp, s);
@@ -82,6 +82,19 @@ void validate_layout(const ModelConfig& m, const Layout& l) {
                 std::to_string(m.layers));
   if (const std::string why = broken_expert_rule(m, l); !why.empty()) throw Error("layout " + spec + ": " + why);
   if (const std::string why = broken_fsdp_rule(m, l); !why.empty()) throw Error("layout " + spec + ": " + why);
+  if (l.packing == Packing::megatron) {
+    // Megatron-Core interleaves each query group's q, k and v rows in linear_qkv: a rank
+    // must hold whole groups (sharding.md, "Megatron packing").
+    if (l.tp > m.kv_heads)
+      throw Error("layout " + spec + ": packing=megatron with tp=" + std::to_string(l.tp) + " > num_key_value_heads=" +
+                  std::to_string(m.kv_heads) + " (Megatron-Core requires the query groups to be a multiple of tp)");
+    if (m.mla()) throw Error("layout " + spec + ": packing=megatron on an MLA model (Megatron's MLA buffers are not laid out here)");
+    if (m.moe())
+      throw Error("layout " + spec + ": packing=megatron on a mixture-of-experts model: Megatron's local_experts buffers are not "
+                  "built yet (dense models only)");
+    if (l.fsdp > 1) throw Error("layout " + spec + ": packing=megatron with fsdp: Megatron-Core's buffers are TP/PP/EP shards");
+    if (l.fp8) throw Error("layout " + spec + ": packing=megatron with dtype=fp8: Megatron buffers are a trainer's, in its dtype");
+  }
   if (!l.partition.empty()) {
     if (static_cast<int>(l.partition.size()) != l.pp)
       throw Error("layout " + spec + ": partition has " + std::to_string(l.partition.size()) +
@@ -178,7 +191,8 @@ CollectionSpec parse_collection_spec(std::string_view spec) {
     } else if (key == "packing") {
       if (value == "hf") out.layout.packing = Packing::hf;
       else if (value == "fused") out.layout.packing = Packing::fused;
-      else throw Error("layout spec: packing=" + std::string(value) + " is not hf or fused");
+      else if (value == "megatron") out.layout.packing = Packing::megatron;
+      else throw Error("layout spec: packing=" + std::string(value) + " is not hf, fused or megatron");
     } else if (key == "dtype") {
       if (value != "fp8")
         throw Error("layout spec: dtype=" + std::string(value) +

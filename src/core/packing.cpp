@@ -49,6 +49,17 @@ ShardPlace place(const ModelSpec& m, TensorId t, const Layout& layout, int g, Me
   }
   const auto group = fused_group(m.config(), info.kind);
   if (group.empty()) return {t, 0, measure(shard)};
+  if (const std::int64_t rows = interleave_rows(m.config(), info.kind, layout.packing); rows > 0) {
+    // Megatron's linear_qkv: per local query group g, [q rows of g's heads; k rows of g;
+    // v rows of g]. A rank holds whole groups (tp ≤ nkv), nkv/tp of them.
+    const ModelConfig& c = m.config();
+    const std::int64_t cols = info.rank == 2 ? info.shape[1] : 1, hd = c.head_dim, qpg = c.heads / c.kv_heads;
+    const std::int64_t at = info.kind == K::q || info.kind == K::q_bias ? 0 : info.kind == K::k || info.kind == K::k_bias ? qpg * hd : (qpg + 1) * hd;
+    ShardPlace p{*m.find(group[0], info.layer), at * cols, measure(shard)};
+    p.groups = static_cast<int>(shard.dims[0].size() / rows);
+    p.group_stride = (qpg + 2) * hd * cols;
+    return p;
+  }
   std::int64_t base = 0;
   TensorId first = t;
   for (std::size_t i = 0; i < group.size(); ++i) {
@@ -72,11 +83,61 @@ ShardPlace place_scale(const ModelSpec& m, TensorId t, const Layout& layout, int
 }
 
 bool shares_buffer(const ModelConfig& m, TensorKind kind, Packing packing) {
-  return packing == Packing::fused && (is_expert(kind) || !fused_group(m, kind).empty());
+  return packing != Packing::hf && (is_expert(kind) || !fused_group(m, kind).empty());
 }
+
+std::int64_t interleave_rows(const ModelConfig& m, TensorKind kind, Packing packing) {
+  if (packing != Packing::megatron) return 0;
+  switch (kind) {
+    case K::q: case K::q_bias: return m.heads / m.kv_heads * m.head_dim;
+    case K::k: case K::k_bias: case K::v: case K::v_bias: return m.head_dim;
+    default: return 0;
+  }
+}
+
+Box ShardPlace::block(int j) const {
+  Box b = shard;
+  if (groups > 1) {
+    const std::int64_t rows = shard.dims[0].size() / groups;
+    b.dims[0] = {shard.dims[0].lo + j * rows, shard.dims[0].lo + (j + 1) * rows};
+  }
+  return b;
+}
+
+LocalView ShardPlace::view(const Box& b) const {
+  if (groups == 1) return local_view(b, shard, base);
+  const int j = static_cast<int>((b.dims[0].lo - shard.dims[0].lo) / (shard.dims[0].size() / groups));
+  return local_view(b, block(j), block_base(j));
+}
+
+namespace {
+
+/// Megatron-Core's name of the buffer that starts with `buffer` (sharding.md, "Megatron
+/// packing"); a score head keeps its Hugging Face name.
+std::string megatron_name(const TensorInfo& info) {
+  const std::string p = "decoder.layers." + std::to_string(info.layer) + ".";
+  switch (info.kind) {
+    case K::embed: return "embedding.word_embeddings.weight";
+    case K::final_norm: return "decoder.final_layernorm.weight";
+    case K::lm_head: return "output_layer.weight";
+    case K::input_norm: return p + "self_attention.linear_qkv.layer_norm_weight";
+    case K::q: return p + "self_attention.linear_qkv.weight";
+    case K::q_bias: return p + "self_attention.linear_qkv.bias";
+    case K::q_norm: return p + "self_attention.q_layernorm.weight";
+    case K::k_norm: return p + "self_attention.k_layernorm.weight";
+    case K::o: return p + "self_attention.linear_proj.weight";
+    case K::post_norm: return p + "mlp.linear_fc1.layer_norm_weight";  // dense layers (MoE models are refused)
+    case K::gate: return p + "mlp.linear_fc1.weight";
+    case K::down: return p + "mlp.linear_fc2.weight";
+    default: return info.name;
+  }
+}
+
+}  // namespace
 
 std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing) {
   const TensorInfo& info = m.tensor(buffer);
+  if (packing == Packing::megatron) return megatron_name(info);
   if (packing == Packing::fused && shares_buffer(m.config(), info.kind, packing)) {
     const std::string p = "model.layers." + std::to_string(info.layer) + ".";
     switch (info.kind) {

@@ -32,6 +32,29 @@ std::span<const Collection> ReshardPlan::sources() const { return index_->source
 
 namespace {
 
+/// Rows of one query group of `kind` when either side interleaves it (Megatron's
+/// linear_qkv), else 0: a transfer then stays inside one group.
+std::int64_t interleave(const ModelConfig& c, TensorKind kind, const Layout& a, const Layout& b) {
+  return std::max(interleave_rows(c, kind, a.packing), interleave_rows(c, kind, b.packing));
+}
+
+/// r cut at the multiples of `rows` (r itself when rows is 0).
+std::vector<Range> split_at(Range r, std::int64_t rows) {
+  if (rows <= 0) return {r};
+  std::vector<Range> out;
+  for (std::int64_t x = r.lo; x < r.hi;) {
+    const std::int64_t end = std::min(r.hi, (x / rows + 1) * rows);
+    out.push_back({x, end});
+    x = end;
+  }
+  return out;
+}
+
+/// How many pieces split_at(r, rows) makes.
+std::uint64_t segments(Range r, std::int64_t rows) {
+  return rows <= 0 || r.empty() ? 1 : static_cast<std::uint64_t>((r.hi - 1) / rows - r.lo / rows + 1);
+}
+
 /// Per-device counters while planning.
 struct Load {
   std::uint64_t send_intra = 0, send_inter = 0, recv_intra = 0, recv_inter = 0, local = 0;
@@ -102,6 +125,11 @@ class Planner {
     }
   }
 
+  /// interleave() between holding h's layout and the destination unit's.
+  std::int64_t interleave_of(const Template& t, const Holding& h, const Piece& dst) const {
+    return interleave(ix_.model().config(), t.kind, ix_.sources[h.c].units[h.u].layout, ix_.target.units[dst.dst_unit].layout);
+  }
+
   /// Whether source holding h and destination position `dst` hold the same rows of a
   /// banded (column-split, FSDP) template.
   bool same_rows(const Template& t, const Holding& h, const Piece& dst) const {
@@ -154,7 +182,7 @@ class Planner {
       const std::uint64_t n = bytes.of(p.range);
       sum_.local_bytes += n;
       if (p.keep) sum_.kept_bytes += n;
-      else sum_.local_copy_count += copies;
+      else sum_.local_copy_count += copies * segments(p.range, interleave_of(t, h, base));
       load_[base.dst].local += p.keep ? 0 : n;
       count_quantize(h, bytes, p.range);
       out_.push_back(p);
@@ -197,8 +225,9 @@ class Planner {
       const std::uint64_t n = bytes.of(p.range);
       const Holding& h = ix_.holdings[best];
       const bool inter = ix_.node_of(h.dev) != node;
+      const std::uint64_t transfers = copies * segments(p.range, interleave_of(t, h, base));
       sum_.moved_bytes += n;
-      sum_.transfer_count += copies;
+      sum_.transfer_count += transfers;
       if (inter) {
         sum_.inter_node_bytes += n;
         load_[h.dev].send_inter += n;
@@ -207,8 +236,8 @@ class Planner {
         load_[h.dev].send_intra += n;
         load_[base.dst].recv_intra += n;
       }
-      load_[h.dev].transfers += copies;
-      load_[base.dst].transfers += copies;
+      load_[h.dev].transfers += transfers;
+      load_[base.dst].transfers += transfers;
       count_quantize(h, bytes, p.range);
       out_.push_back(p);
       x = p.range.hi;
@@ -322,13 +351,17 @@ std::vector<Transfer> ReshardPlan::materialise(Keep&& keep) const {
     const Template& t = ix.templates[p.tmpl];
     const Layout& src_layout = ix.sources[h.c].units[h.u].layout;
     const Layout& dst_layout = ix.target.units[p.dst_unit].layout;
+    const std::int64_t group_rows = interleave(m.config(), t.kind, src_layout, dst_layout);
     for (TensorId tensor : t.tensors) {
       const TensorInfo& info = m.tensor(tensor);
-      Box box = slab_box(info, p.range);
-      if (!t.band.empty()) box.dims[0] = t.band;
       const ShardPlace sp = place_shard(m, tensor, src_layout, h.r);
       const ShardPlace dp = place_shard(m, tensor, dst_layout, p.dst_rank);
+      // Megatron's interleaved linear_qkv holds a query group's rows in one block: a box
+      // crossing groups is one transfer per group.
+      for (const Range r : split_at(p.range, group_rows))
       for (Slot s : ix.groups[p.group].slots) {
+        Box box = slab_box(info, r);
+        if (!t.band.empty()) box.dims[0] = t.band;
         Transfer x;
         x.src = h.dev;
         x.dst = p.dst;
@@ -336,8 +369,8 @@ std::vector<Transfer> ReshardPlan::materialise(Keep&& keep) const {
         x.tensor = tensor;
         x.slot = s;
         x.box = box;
-        x.src_view = {sp.buffer, src_layout.packing, local_view(box, sp.shard, sp.base)};
-        x.dst_view = {dp.buffer, dst_layout.packing, local_view(box, dp.shard, dp.base)};
+        x.src_view = {sp.buffer, src_layout.packing, sp.view(box)};
+        x.dst_view = {dp.buffer, dst_layout.packing, dp.view(box)};
         if (dst_layout.fp8 && t.quantizable) {
           x.fp8 = src_layout.fp8 ? Fp8Move::copy : Fp8Move::quantize;
           x.bytes = static_cast<std::uint64_t>(box.elements() + 4 * fp8_scale_box(m.config(), box).elements());

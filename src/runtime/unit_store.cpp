@@ -42,9 +42,11 @@ std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t si
         for (TensorId t = 0; t < m.tensors().size(); ++t) {
           if (!shard_box(m.config(), u.layout, s, g, m.tensor(t))) continue;
           const ShardPlace p = place_shard(m, t, u.layout, g);
-          parts[p.buffer].push_back({t, p.shard, p.base});
+          for (int j = 0; j < p.groups; ++j) parts[p.buffer].push_back({t, p.block(j), p.block_base(j)});  // Megatron: a block per query group
         }
-        for (const auto& [lead, ps] : parts) {
+        for (auto& [lead, ps] : parts) {
+          // In buffer order (Megatron's blocks interleave the tensors), as dumps list them.
+          std::stable_sort(ps.begin(), ps.end(), [](const BufferSpec::Part& a, const BufferSpec::Part& b) { return a.base < b.base; });
           // A buffer's parts are one fused group, so its first tensor says whether all are FP8.
           const bool fp8 = (u.layout.fp8 || as_fp8) && quantizable(m.tensor(lead));
           if (as_fp8 && !fp8) continue;
@@ -336,7 +338,9 @@ nlohmann::json UnitStore::dump(const std::string& dir) const {
                         {"slot", slot},
                         {"dtype", std::string(to_string(b.dtype))}};
     if (b.parts.size() == 1) {
-      e["tensor"] = name;
+      const TensorInfo& t = m.tensor(b.parts[0].tensor);
+      e["tensor"] = scale ? scale_name(t) : t.name;
+      if (e["tensor"] != name) e["buffer"] = name;  // Megatron's names for one tensor's buffer
       e["box"] = box_json(b.parts[0].shard);
     } else {  // a fused buffer: its parts in order instead of tensor/box
       auto parts = nlohmann::json::array();

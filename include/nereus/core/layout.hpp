@@ -11,8 +11,8 @@
 
 namespace nereus {
 
-/// How a unit stores its shards locally (sharding.md, "Local packing").
-enum class Packing : std::uint8_t { hf, fused };
+/// How a unit stores its shards locally (sharding.md, "Local packing", "Megatron packing").
+enum class Packing : std::uint8_t { hf, fused, megatron };
 
 std::string_view to_string(Packing p);
 
@@ -76,7 +76,7 @@ struct CollectionSpec {
   std::vector<DeviceId> devices;  ///< tp·pp·ep·fsdp·dp ids; filled with 0.. when not given
 };
 
-/// Parses `tp=T,pp=P[,ep=X[,etp=K]][,fsdp=F],dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused][,dtype=fp8]`.
+/// Parses `tp=T,pp=P[,ep=X[,etp=K]][,fsdp=F],dp=D[,devices=LIST][,partition=A/B/C][,packing=hf|fused|megatron][,dtype=fp8]`.
 /// Every error names the offending key and value.
 CollectionSpec parse_collection_spec(std::string_view spec);
 

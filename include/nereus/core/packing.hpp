@@ -11,12 +11,27 @@
 namespace nereus {
 
 /// Where a tensor's local shard sits: buffer (named by its first tensor), start element
-/// in that buffer, and the shard's global box.
+/// in that buffer, and the shard's global box. A shard is one row-major block, or under
+/// Megatron packing (q, k, v and their biases in linear_qkv) `groups` blocks of equal rows,
+/// one per local query group, block j at base + j·group_stride.
 struct ShardPlace {
   TensorId buffer;    ///< first tensor of the buffer (q for fused qkv, gate for gate_up)
   std::int64_t base;  ///< element offset of the shard's first element in the buffer
   Box shard;
+  int groups = 1;
+  std::int64_t group_stride = 0;  ///< elements from one group's block to the next
+
+  /// Global box of block j, and its first element in the buffer.
+  Box block(int j) const;
+  std::int64_t block_base(int j) const { return base + j * group_stride; }
+  /// Where global box b (inside one block) lies in the buffer.
+  LocalView view(const Box& b) const;
 };
+
+/// Rows of t in one query group when `packing` interleaves them (Megatron's linear_qkv:
+/// q rows qpg·hd, k and v rows hd), else 0. A box split at multiples of it lies in one
+/// block of any ShardPlace of t.
+std::int64_t interleave_rows(const ModelConfig& m, TensorKind kind, Packing packing);
 
 /// Place of tensor t at in-stage index g (g = e·tp + r) under the layout's packing. The
 /// position must hold t.
@@ -30,7 +45,8 @@ ShardPlace place_shard(const ModelSpec& m, TensorId t, const Layout& layout, int
 ShardPlace place_scale(const ModelSpec& m, TensorId t, const Layout& layout, int g);
 
 /// Name of the local buffer that starts with tensor `buffer` under `packing`
-/// (e.g. "model.layers.3.self_attn.qkv_proj.weight", "model.layers.3.mlp.experts.w13_weight").
+/// (e.g. "model.layers.3.self_attn.qkv_proj.weight", "model.layers.3.mlp.experts.w13_weight",
+/// "decoder.layers.3.self_attention.linear_qkv.weight").
 std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing);
 
 /// Name of the scale buffer beside weight buffer `buffer` in a `dtype=fp8` unit: its
