@@ -45,6 +45,12 @@ def new_job(**kw):
     return nereus.Job(JOB, kw.pop("plan", BASE), **kw)
 
 
+def shape_of(p, stage, tensor):
+    """The full shape of `tensor` in a job on plan p, from its shards' boxes."""
+    ends = [s.box for u in new_job(plan=p).units(stage) for s in u.shards() if s.tensor == tensor]
+    return tuple(max(b[d][1] for b in ends) for d in range(len(ends[0])))
+
+
 def grpo_spec(d, model, prompts_per_step):
     """A GRPO job file in directory d whose actor and reference are `model`, with a rule reward."""
     path = os.path.join(d, "grpo.json")
@@ -217,23 +223,26 @@ class MegatronPacking(unittest.TestCase):
         self.assertIn("decoder.layers.0.mlp.linear_fc1.weight", names)
         self.assertIn("embedding.word_embeddings.weight", names)
         q, k, v = (f"model.layers.0.self_attn.{x}_proj.weight" for x in "qkv")
-        # Shards of an interleaved tensor are one per query group: the full shape from their boxes.
-        shape = {}
-        for s in probe.units("actor/train")[0].shards():
-            if s.tensor in (q, k, v):
-                shape[s.tensor] = (max(shape.get(s.tensor, (0,))[0], s.box[0][1]), s.box[1][1])
         del probe
         g = torch.Generator().manual_seed(9)
-        hf = {name: torch.randn(shape[name], generator=g).to(torch.bfloat16) for name in (q, k, v)}
+        # Shards of an interleaved tensor are one per query group: the full shape from their boxes.
+        hf = {name: torch.randn(shape_of(p, "actor/train", name), generator=g).to(torch.bfloat16) for name in (q, k, v)}
         hd = hf[k].shape[0] // 2  # tiny-llama: 2 kv heads
         nkv, qpg = hf[k].shape[0] // hd, hf[q].shape[0] // hf[k].shape[0]
         groups = [torch.cat([hf[q][j * qpg * hd:(j + 1) * qpg * hd], hf[k][j * hd:(j + 1) * hd], hf[v][j * hd:(j + 1) * hd]])
                   for j in range(nkv)]
         linear_qkv = torch.cat(groups).contiguous()
+        # Megatron pads the vocabulary (make_vocab_size_divisible_by): the unit adopts a
+        # view of the padded buffer's first rows; the padding stays the trainer's.
+        vocab = shape_of(p, "actor/train", "model.embed_tokens.weight")
+        padded = torch.randn(vocab[0] + 7, vocab[1], generator=g).to(torch.bfloat16)
         job = new_job(plan=p, adopt=[{"stage": "actor/train", "replica": 0, "device": 0, "slot": "param",
-                                      "buffer": "decoder.layers.0.self_attention.linear_qkv.weight", "tensor": linear_qkv}])
+                                      "buffer": "decoder.layers.0.self_attention.linear_qkv.weight", "tensor": linear_qkv},
+                                     {"stage": "actor/train", "replica": 0, "device": 0, "slot": "param",
+                                      "buffer": "embedding.word_embeddings.weight", "tensor": padded[:vocab[0]]}])
+        hf["model.embed_tokens.weight"] = padded[:vocab[0]]
         unit = job.units("actor/train")[0]
-        qkv_shards = [s for s in unit.shards() if s.tensor in hf]
+        qkv_shards = [s for s in unit.shards() if s.tensor in (q, k, v)]
         self.assertEqual(len(qkv_shards), 3 * nkv)  # a block per tensor and query group
         for s in qkv_shards:
             self.assertTrue(torch.equal(s.data, hf[s.tensor][s.box[0][0]:s.box[0][1]]), (s.tensor, s.box))
@@ -241,8 +250,11 @@ class MegatronPacking(unittest.TestCase):
             pass  # the trainer's step (the weights are already its)
         job.end_step()  # the weight sync: actor/train (Megatron) -> actor/generate (fused)
         for u in job.units("actor/generate"):
+            for s in u.shards():
+                if s.tensor == "model.embed_tokens.weight":
+                    self.assertTrue(torch.equal(s.data, hf[s.tensor][s.box[0][0]:s.box[0][1]]), (s.device, s.box))
             for dev in u.devices:
-                parts = sorted((s.data_ptr, s) for s in u.shards() if s.device == dev and s.tensor in hf)
+                parts = sorted((s.data_ptr, s) for s in u.shards() if s.device == dev and s.tensor in (q, k, v))
                 # vLLM's qkv_proj: [local q; local k; local v], each equal to the HF rows it names.
                 self.assertEqual([s.tensor for _, s in parts], [q, k, v])
                 for _, s in parts:
