@@ -14,7 +14,7 @@
 - same math: whether those runs give the same rewards step for step.
 
 Usage: PYTHONPATH=BUILD/python benches/ppo_bench.py [--seeds 1,2,3,4,5 | --seeds 1-20]
-    [--steps 50] [--algorithm ppo|grpo] [--cost-pairs 3] [--cost-steps 20]
+    [--steps 50] [--algorithm ppo|grpo] [--actor-train SPEC] [--cost-pairs 3] [--cost-steps 20]
     (--seeds "" skips the learning runs, --cost-pairs 0 the cost runs)
 Prints one JSON line. Not part of CI (tens of minutes).
 """
@@ -54,11 +54,14 @@ def main():
     ap.add_argument("--cost-pairs", type=int, default=3)
     ap.add_argument("--cost-steps", type=int, default=20)
     ap.add_argument("--algorithm", choices=("ppo", "grpo"), default="ppo")
+    ap.add_argument("--actor-train", metavar="SPEC", help="the actor's training layout in the learning runs (ppo.py's "
+                    "--actor-train), e.g. tp=1,pp=1,fsdp=2,dp=1,devices=4-5")
     a = ap.parse_args()
+    layout = ["--actor-train", a.actor_train] if a.actor_train else []
     seeds = seeds_of(a.seeds)
     per_seed, exposed = [], []
     for seed in seeds:
-        out = run(seed, a.steps, "--check-state", "--algorithm", a.algorithm)
+        out = run(seed, a.steps, "--check-state", "--algorithm", a.algorithm, *layout)
         if "error" in out:
             per_seed.append({"seed": seed, "finished": False, "error": out["error"]})
             print(json.dumps(per_seed[-1]), file=sys.stderr, flush=True)
@@ -87,7 +90,7 @@ def main():
     nereus_s = statistics.median(nereus_runs) if nereus_runs else None
     plain_s = statistics.median(plain_runs) if plain_runs else None
     ok = [s for s in per_seed if s["finished"] and s["admitted"] >= 1 and s["state_checks"]["failed"] == 0]
-    print(json.dumps({"bench": "ppo", "algorithm": a.algorithm, "steps": a.steps, "seeds": per_seed,
+    print(json.dumps({"bench": "ppo", "algorithm": a.algorithm, "actor_train": a.actor_train, "steps": a.steps, "seeds": per_seed,
                       "seeds_finished_with_a_change_and_checks_passing": f"{len(ok)} of {len(per_seed)}",
                       "exposed_over_duration_median": statistics.median(exposed) if exposed else None,
                       "exposed_over_duration_max": max(exposed) if exposed else None,

@@ -96,7 +96,7 @@ class Generator {
       l.partition.push_back(static_cast<int>(c.layers) - prev);
     }
     l.packing = coin() ? nereus::Packing::fused : nereus::Packing::hf;
-    if (megatron && c.experts == 0 && l.tp <= c.kv_heads && coin(0.5)) l.packing = nereus::Packing::megatron;
+    if (megatron && !c.mla() && l.tp <= c.kv_heads && coin(0.5)) l.packing = nereus::Packing::megatron;
     if (fsdp_here_ > 1 && c.experts == 0 && l.packing != nereus::Packing::megatron && coin(0.7)) {
       // Units that fit the pool: fewer stages, then fewer chunks, when tp·pp·fsdp is large.
       l.fsdp = uniform(2, fsdp_here_);
@@ -166,7 +166,7 @@ class Generator {
   /// the other tests' sequences), and whether targets get them too.
   int max_fsdp = 1;
   bool fsdp_target = true;
-  /// Megatron packing on dense layouts where it is valid (tp ≤ kv heads), half the time.
+  /// Megatron packing where it is valid (tp ≤ kv heads, no MLA), half the time.
   bool megatron = false;
 
  private:

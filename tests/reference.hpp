@@ -212,14 +212,20 @@ struct Buffer {
 };
 
 /// sharding.md, "Megatron packing": the Megatron-Core name of a Hugging Face tensor's
-/// local buffer (a dense decoder).
-inline std::string megatron_name(const std::string& hf) {
+/// local buffer; `sparse`: its layer is a mixture-of-experts layer; `local`: for a routed
+/// expert, its index among the experts of the device's group.
+inline std::string megatron_name(const std::string& hf, bool sparse = false, int local = -1) {
   if (hf == "model.embed_tokens.weight") return "embedding.word_embeddings.weight";
   if (hf == "model.norm.weight") return "decoder.final_layernorm.weight";
   if (hf == "lm_head.weight") return "output_layer.weight";
   if (hf.rfind("model.layers.", 0) != 0) return hf;  // score.weight keeps its name
   const auto dot = hf.find('.', 13);
   const std::string p = "decoder.layers." + hf.substr(13, dot - 13) + ".", rest = hf.substr(dot + 1);
+  if (local >= 0)  // mlp.experts.{x}.{gate,up,down}_proj.weight: SequentialMLP's local_experts
+    return p + "mlp.experts.local_experts." + std::to_string(local) +
+           (rest.find("down_proj") != std::string::npos ? ".linear_fc2.weight" : ".linear_fc1.weight");
+  if (sparse && rest == "post_attention_layernorm.weight") return p + "pre_mlp_layernorm.weight";
+  if (rest == "mlp.gate.weight") return p + "mlp.router.weight";
   const std::pair<const char*, const char*> names[] = {
       {"input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"},
       {"self_attn.q_proj.weight", "self_attention.linear_qkv.weight"}, {"self_attn.k_proj.weight", "self_attention.linear_qkv.weight"},
@@ -293,7 +299,11 @@ inline std::map<std::string, Buffer> buffers(const nereus::ModelConfig& c, const
         break;
       }
     }
-    if (l.megatron) name = megatron_name(name);
+    if (l.megatron) {
+      const int local = ts[i].expert < 0 ? -1
+                                         : ts[i].expert - static_cast<int>(nth(c.experts, l.tp * l.ep / l.expert_tp(), g / l.expert_tp()).first);
+      name = megatron_name(name, ts[i].layer >= 0 && sparse(c, ts[i].layer), local);
+    }
     out[name].parts.push_back({i, *b});
   }
   if (l.megatron)

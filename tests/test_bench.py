@@ -126,9 +126,11 @@ with tempfile.TemporaryDirectory() as d:  # the dumped FSDP shards sit where sha
 
 # Megatron packing (a trainer's own buffers: interleaved linear_qkv, [gate; up]
 # linear_fc1) to vLLM's fused packing and back, verified, and its dump recomputed here.
-for extra, src, dst in [([], "tp=2,pp=1,dp=1,packing=megatron", "tp=1,pp=2,dp=2,devices=2-5,packing=fused"),
-                        (["--transport", "ucx", "--procs", "2"], "tp=2,pp=1,dp=2,packing=fused", "tp=1,pp=2,dp=1,devices=4-5,packing=megatron")]:
-    rc, j, err = bench("--model", "tiny-llama", "--from", src, "--to", dst, "--train", "--verify", "--repeat", "2", *extra)
+for model, extra, src, dst in [
+        ("tiny-llama", [], "tp=2,pp=1,dp=1,packing=megatron", "tp=1,pp=2,dp=2,devices=2-5,packing=fused"),
+        ("tiny-qwen3-moe", [], "tp=1,pp=1,ep=4,etp=1,dp=1,packing=megatron", "tp=2,pp=1,dp=2,devices=2-5,packing=fused"),
+        ("tiny-llama", ["--transport", "ucx", "--procs", "2"], "tp=2,pp=1,dp=2,packing=fused", "tp=1,pp=2,dp=1,devices=4-5,packing=megatron")]:
+    rc, j, err = bench("--model", model, "--from", src, "--to", dst, "--train", "--verify", "--repeat", "2", *extra)
     check(rc == 0 and j.get("verified") is True, f"Megatron {src} -> {dst} {extra}: every byte verified ({err.strip()[-300:]})")
 with tempfile.TemporaryDirectory() as d:
     rc, j, err = bench("--model", "tiny-llama", "--from", "tp=2,pp=1,dp=1", "--to", "tp=1,pp=1,dp=1,devices=3,packing=megatron",

@@ -149,7 +149,6 @@ check(mg["moved_bytes"] == hf_["moved_bytes"] == mg["lower_bound_bytes"], "Megat
 for model, src, needle in [
         ("tiny-llama", "tp=4,pp=1,dp=1,packing=megatron", "packing=megatron with tp=4 > num_key_value_heads=2"),
         ("tiny-deepseek-v3", "tp=1,pp=1,dp=1,packing=megatron", "packing=megatron on an MLA model"),
-        ("tiny-qwen3-moe", "tp=1,pp=1,dp=1,packing=megatron", "packing=megatron on a mixture-of-experts model"),
         ("tiny-llama", "tp=1,pp=1,fsdp=2,dp=1,packing=megatron", "packing=megatron with fsdp"),
         ("tiny-llama", "tp=1,pp=1,dp=1,packing=vllm", "packing=vllm is not hf, fused or megatron")]:
     expect_error(["plan", "--model", model, "--from", src, "--to", "tp=1,pp=1,dp=1,devices=9"], needle)

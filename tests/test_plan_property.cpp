@@ -296,10 +296,12 @@ void check_case(const testcase::Case& k) {
   const auto expect = make_buffers(c, ts, Collection{k.target.model, "expect", k.target.train, k.target.units}, true);
   for (const Transfer& t : transfers) {
     if (t.fp8 != nereus::Fp8Move::none) continue;  // FP8 bytes: the planner's counts only, checked above
-    const auto& sb = src_bufs[t.source].find({t.src, nereus::buffer_name(m, t.src_view.buffer, t.src_view.packing), t.slot});
-    auto db = dst_bufs.find({t.dst, nereus::buffer_name(m, t.dst_view.buffer, t.dst_view.packing), t.slot});
-    REQUIRE(sb != src_bufs[t.source].end());
-    REQUIRE(db != dst_bufs.end());
+    const std::string src_name = nereus::buffer_name(m, t.src_view.buffer, t.src_view.packing, t.src_view.expert_groups);
+    const std::string dst_name = nereus::buffer_name(m, t.dst_view.buffer, t.dst_view.packing, t.dst_view.expert_groups);
+    const auto& sb = src_bufs[t.source].find({t.src, src_name, t.slot});
+    auto db = dst_bufs.find({t.dst, dst_name, t.slot});
+    REQUIRE_MESSAGE(sb != src_bufs[t.source].end(), "no reference buffer ", src_name, " on device ", t.src);
+    REQUIRE_MESSAGE(db != dst_bufs.end(), "no reference buffer ", dst_name, " on device ", t.dst);
     REQUIRE_MESSAGE(apply(t, slot_width(c, ts[ref_index.at(m.tensor(t.tensor).name)], t.slot), sb->second, db->second),
                     "view outside its buffer: ",
                     m.tensor(t.tensor).name, " box ", t.box.to_string(), " src off ", t.src_view.view.offset,
@@ -596,23 +598,30 @@ TEST_CASE("FSDP sources into FP8 targets: block-aligned chunks planned at the lo
   CHECK(refused > testing::cases(20, 10));
 }
 
-TEST_CASE("random Megatron-packed transitions (interleaved linear_qkv, [gate; up] linear_fc1, with FSDP and fused sides)") {
+TEST_CASE("random Megatron-packed transitions (interleaved linear_qkv, [gate; up] linear_fc1, local experts; FSDP and fused sides)") {
   testcase::Generator gen(0x3e6a);
   gen.megatron = true;
   gen.max_fsdp = 3;
-  int megatron_src = 0, megatron_dst = 0, groups_split = 0;
-  for (int i = 0; i < testing::cases(160, 80); ++i) {
-    const auto k = gen.next(kModels);
+  const std::vector<std::string> models{"tiny-llama", "tiny-qwen2-tied", "tiny-qwen3", "tiny-llama-bias", "tiny-qwen3-moe", "tiny-moe-odd"};
+  int megatron_src = 0, megatron_dst = 0, groups_split = 0, moe = 0;
+  for (int i = 0; i < testing::cases(200, 100); ++i) {
+    const auto k = gen.next(models);
     CAPTURE(i);
     check_case(k);
     if (i % 4 == 0) moves_fp8_bytes(nereus::plan_reshard(k.sources, k.target));  // UnitStore's blocks through the executor
     for (const auto& src : k.sources)
-      for (const auto& u : src.units) megatron_src += u.layout.packing == nereus::Packing::megatron;
+      for (const auto& u : src.units) {
+        megatron_src += u.layout.packing == nereus::Packing::megatron;
+        moe += u.layout.packing == nereus::Packing::megatron && k.model->config().experts > 0;
+      }
     for (const auto& u : k.target.units) megatron_dst += u.layout.packing == nereus::Packing::megatron;
     const auto& c = k.model->config();
-    for (const auto& u : k.target.units)
+    for (const auto& u : k.target.units) {
       groups_split += u.layout.packing == nereus::Packing::megatron && c.kv_heads / u.layout.tp > 1;
+      moe += u.layout.packing == nereus::Packing::megatron && c.experts > 0;
+    }
   }
+  CHECK(moe > testing::cases(20, 10));
   CHECK(megatron_src > testing::cases(40, 20));
   CHECK(megatron_dst > testing::cases(40, 20));
   CHECK(groups_split > testing::cases(20, 10));  // ranks with several query groups: boxes split per group

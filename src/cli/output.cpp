@@ -29,10 +29,10 @@ nlohmann::json transfer_json(const ModelSpec& m, const Transfer& t) {
       {"keep", t.keep},
       {"fp8", t.fp8 == Fp8Move::none ? "none" : t.fp8 == Fp8Move::quantize ? "quantize" : "copy"},
       {"source", t.source},
-      {"src_buffer", buffer_name(m, t.src_view.buffer, t.src_view.packing)},
+      {"src_buffer", buffer_name(m, t.src_view.buffer, t.src_view.packing, t.src_view.expert_groups)},
       {"src_offset", t.src_view.view.offset},
       {"src_strides", strides_json(t.box, t.src_view.view)},
-      {"dst_buffer", buffer_name(m, t.dst_view.buffer, t.dst_view.packing)},
+      {"dst_buffer", buffer_name(m, t.dst_view.buffer, t.dst_view.packing, t.dst_view.expert_groups)},
       {"dst_offset", t.dst_view.view.offset},
       {"dst_strides", strides_json(t.box, t.dst_view.view)},
   };

@@ -220,7 +220,7 @@ struct NodeJob::State {
       Device* dev = device(b.key.device);
       if (!dev) throw Error("device " + std::to_string(b.key.device) + " is not one of " + me() + "'s devices");
       const int k = replica < 0 ? -1
-                                : adopted_for(adopt, u.model_stage, replica, b, buffer_name(*unit.one.model, b.key.buffer, b.packing));
+                                : adopted_for(adopt, u.model_stage, replica, b, buffer_name(*unit.one.model, b.key.buffer, b.packing, b.expert_groups));
       if (k >= 0) {
         adopted[static_cast<std::size_t>(k)] = 1;
         const AdoptedBuffer& a = adopt[static_cast<std::size_t>(k)];

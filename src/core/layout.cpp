@@ -89,9 +89,6 @@ void validate_layout(const ModelConfig& m, const Layout& l) {
       throw Error("layout " + spec + ": packing=megatron with tp=" + std::to_string(l.tp) + " > num_key_value_heads=" +
                   std::to_string(m.kv_heads) + " (Megatron-Core requires the query groups to be a multiple of tp)");
     if (m.mla()) throw Error("layout " + spec + ": packing=megatron on an MLA model (Megatron's MLA buffers are not laid out here)");
-    if (m.moe())
-      throw Error("layout " + spec + ": packing=megatron on a mixture-of-experts model: Megatron's local_experts buffers are not "
-                  "built yet (dense models only)");
     if (l.fsdp > 1) throw Error("layout " + spec + ": packing=megatron with fsdp: Megatron-Core's buffers are TP/PP/EP shards");
     if (l.fp8) throw Error("layout " + spec + ": packing=megatron with dtype=fp8: Megatron buffers are a trainer's, in its dtype");
   }

@@ -36,6 +36,13 @@ ShardPlace place(const ModelSpec& m, TensorId t, const Layout& layout, int g, Me
   const TensorInfo& info = m.tensor(t);
   const Box shard = held_box(m.config(), info, layout, g);
   if (layout.packing == Packing::hf) return {t, 0, measure(shard)};
+  if (is_expert(info.kind) && layout.packing == Packing::megatron) {
+    // Megatron's SequentialMLP: a buffer per local expert, linear_fc1 = [gate rows; up
+    // rows] (named by the expert's gate), linear_fc2 its down.
+    if (info.kind == K::expert_down) return {t, 0, measure(shard)};
+    const TensorId gate = *m.find(K::expert_gate, info.layer, info.expert);
+    return {gate, info.kind == K::expert_up ? measure(shard).elements() : 0, measure(shard)};
+  }
   if (is_expert(info.kind)) {
     // vLLM's stacked experts: w13 = per local expert [gate rows; up rows], w2 = per local
     // expert [H, local Ie]; both named by the first local expert's gate or down.
@@ -114,7 +121,7 @@ namespace {
 
 /// Megatron-Core's name of the buffer that starts with `buffer` (sharding.md, "Megatron
 /// packing"); a score head keeps its Hugging Face name.
-std::string megatron_name(const TensorInfo& info) {
+std::string megatron_name(const TensorInfo& info, bool sparse) {
   const std::string p = "decoder.layers." + std::to_string(info.layer) + ".";
   switch (info.kind) {
     case K::embed: return "embedding.word_embeddings.weight";
@@ -126,7 +133,8 @@ std::string megatron_name(const TensorInfo& info) {
     case K::q_norm: return p + "self_attention.q_layernorm.weight";
     case K::k_norm: return p + "self_attention.k_layernorm.weight";
     case K::o: return p + "self_attention.linear_proj.weight";
-    case K::post_norm: return p + "mlp.linear_fc1.layer_norm_weight";  // dense layers (MoE models are refused)
+    case K::post_norm: return p + (sparse ? "pre_mlp_layernorm.weight" : "mlp.linear_fc1.layer_norm_weight");
+    case K::router: return p + "mlp.router.weight";
     case K::gate: return p + "mlp.linear_fc1.weight";
     case K::down: return p + "mlp.linear_fc2.weight";
     default: return info.name;
@@ -135,9 +143,16 @@ std::string megatron_name(const TensorInfo& info) {
 
 }  // namespace
 
-std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing) {
+std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing, int expert_groups) {
   const TensorInfo& info = m.tensor(buffer);
-  if (packing == Packing::megatron) return megatron_name(info);
+  if (packing == Packing::megatron) {
+    if (!is_expert(info.kind)) return megatron_name(info, m.config().sparse_layer(info.layer));
+    int q = 0;  // the expert group holding it: experts part(E, groups, q)
+    while (q + 1 < expert_groups && part(m.config().experts, expert_groups, q + 1).lo <= info.expert) ++q;
+    const std::string p = "decoder.layers." + std::to_string(info.layer) + ".mlp.experts.local_experts." +
+                          std::to_string(info.expert - part(m.config().experts, expert_groups, q).lo) + ".";
+    return p + (info.kind == K::expert_down ? "linear_fc2.weight" : "linear_fc1.weight");
+  }
   if (packing == Packing::fused && shares_buffer(m.config(), info.kind, packing)) {
     const std::string p = "model.layers." + std::to_string(info.layer) + ".";
     switch (info.kind) {

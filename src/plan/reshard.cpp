@@ -369,8 +369,8 @@ std::vector<Transfer> ReshardPlan::materialise(Keep&& keep) const {
         x.tensor = tensor;
         x.slot = s;
         x.box = box;
-        x.src_view = {sp.buffer, src_layout.packing, sp.view(box)};
-        x.dst_view = {dp.buffer, dst_layout.packing, dp.view(box)};
+        x.src_view = {sp.buffer, src_layout.packing, sp.view(box), src_layout.expert_groups()};
+        x.dst_view = {dp.buffer, dst_layout.packing, dp.view(box), dst_layout.expert_groups()};
         if (dst_layout.fp8 && t.quantizable) {
           x.fp8 = src_layout.fp8 ? Fp8Move::copy : Fp8Move::quantize;
           x.bytes = static_cast<std::uint64_t>(box.elements() + 4 * fp8_scale_box(m.config(), box).elements());

@@ -327,7 +327,8 @@ void bind_job(py::module_& m) {
           py::dict d;
           d["device"] = spec.key.device;
           const bool scale = spec.key.slot == Slot::scale;  // named as the checkpoint names it (PyShard)
-          d["buffer"] = (scale ? scale_buffer_name : buffer_name)(m, spec.key.buffer, spec.packing);
+          d["buffer"] = scale ? scale_buffer_name(m, spec.key.buffer, spec.packing)
+                              : buffer_name(m, spec.key.buffer, spec.packing, spec.expert_groups);
           d["slot"] = std::string(to_string(scale ? Slot::param : spec.key.slot));
           d["dtype"] = std::string(to_string(spec.dtype));
           d["data_ptr"] = reinterpret_cast<std::uintptr_t>(u.view.memory[b].data());

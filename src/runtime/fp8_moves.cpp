@@ -64,8 +64,8 @@ ExecutableTransfers executable_transfers(const ReshardPlan& plan, std::span<cons
     Transfer s = w;
     s.slot = Slot::scale;
     s.box = scales;
-    s.src_view = {ss.buffer, t.src_view.packing, ss.view(scales)};
-    s.dst_view = {ds.buffer, t.dst_view.packing, ds.view(scales)};
+    s.src_view = {ss.buffer, t.src_view.packing, ss.view(scales), t.src_view.expert_groups};
+    s.dst_view = {ds.buffer, t.dst_view.packing, ds.view(scales), t.dst_view.expert_groups};
     s.bytes = static_cast<std::uint64_t>(scales.elements()) * 4;
     if (t.fp8 == Fp8Move::quantize) {
       w.source = s.source = quantized_side(t.source);

@@ -50,7 +50,7 @@ UnitPtr JobState::allocate_unit(std::size_t stage, const Emu& e, int adopt_as) {
   const Collection one{st.model, st.name(), st.kind == StageKind::train, {e}};
   u->buffers = collection_buffers(one, 0, e.gpus);
   for (const BufferSpec& b : u->buffers) {
-    const std::string name = buffer_name(*st.model, b.key.buffer, b.packing);
+    const std::string name = buffer_name(*st.model, b.key.buffer, b.packing, b.expert_groups);
     const std::string what = st.name() + " " + name + "@" + std::string(to_string(b.key.slot));
     const int k = adopt_as >= 0 ? adopted_for(options.adopt, st.name(), adopt_as, b, name) : -1;
     if (k < 0) {
@@ -137,7 +137,7 @@ asio::awaitable<ExecutionReport> JobState::copy_units(
     for (const BufferSpec& b : quantize_staging(plan, moves.quantize, all)) {
       staging.push_back(allocate(b.key.device, b.bytes(),
                                  "FP8 staging of " + from[b.key.side & ~kQuantizedSide].model_stage + " " +
-                                     buffer_name(m, b.key.buffer, b.packing) + "@" + std::string(to_string(b.key.slot))));
+                                     buffer_name(m, b.key.buffer, b.packing, b.expert_groups) + "@" + std::string(to_string(b.key.slot))));
       table.bind(b.key, {reinterpret_cast<std::uint64_t>(staging.back().data()), staging.back().size(), 0, staging.back().kind()});
     }
     auto pass = [&] {

@@ -52,16 +52,16 @@ std::vector<BufferSpec> collection_buffers(const Collection& c, std::uint32_t si
           if (as_fp8 && !fp8) continue;
           for (Slot slot : c.slots()) {
             if (!fp8 || slot != Slot::param) {
-              if (!as_fp8) out.push_back({{side, d, lead, slot}, slot_dtype(slot, m.tensor(lead).dtype), u.layout.packing, ps});
+              if (!as_fp8) out.push_back({{side, d, lead, slot}, slot_dtype(slot, m.tensor(lead).dtype), u.layout.packing, ps, u.layout.expert_groups()});
               continue;
             }
-            out.push_back({{side, d, lead, Slot::param}, DType::e4m3, u.layout.packing, ps});
+            out.push_back({{side, d, lead, Slot::param}, DType::e4m3, u.layout.packing, ps, u.layout.expert_groups()});
             std::vector<BufferSpec::Part> scales;
             for (const auto& p : ps) {
               const ShardPlace q = place_scale(m, p.tensor, u.layout, g);
               scales.push_back({p.tensor, q.shard, q.base});
             }
-            out.push_back({{side, d, lead, Slot::scale}, DType::f32, u.layout.packing, std::move(scales)});
+            out.push_back({{side, d, lead, Slot::scale}, DType::f32, u.layout.packing, std::move(scales), u.layout.expert_groups()});
           }
         }
       }
@@ -244,7 +244,7 @@ void UnitStore::allocate_and_fill(unsigned threads) {
       if (alias.count(b.key)) continue;
       memory_.push_back(devices_.at(b.key.device)->allocate(
           b.bytes(), std::string(b.key.side == kTargetSide ? "target " : is_quantized_side(b.key.side) ? "FP8 staging " : "source ") +
-                         buffer_name(*plan_.target().model, b.key.buffer, b.packing) + "@" +
+                         buffer_name(*plan_.target().model, b.key.buffer, b.packing, b.expert_groups) + "@" +
                          std::string(to_string(b.key.slot))));
       table_.bind(b.key, {reinterpret_cast<std::uint64_t>(memory_.back().data()), b.bytes(), self_, devices_.at(b.key.device)->kind()});
     }
@@ -326,7 +326,7 @@ nlohmann::json UnitStore::dump(const std::string& dir) const {
   for (const BufferSpec& b : targets_) {
     // A scale buffer is written as the checkpoint's own tensor: `…weight_scale_inv`, slot param.
     const bool scale = b.key.slot == Slot::scale;
-    const std::string name = (scale ? scale_buffer_name : buffer_name)(m, b.key.buffer, b.packing);
+    const std::string name = scale ? scale_buffer_name(m, b.key.buffer, b.packing) : buffer_name(m, b.key.buffer, b.packing, b.expert_groups);
     const std::string slot(to_string(scale ? Slot::param : b.key.slot));
     const std::string rel = std::to_string(b.key.device) + "/" + name + "@" + slot + ".bin";
     fs::create_directories(fs::path(dir) / std::to_string(b.key.device));

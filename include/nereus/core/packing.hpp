@@ -46,8 +46,10 @@ ShardPlace place_scale(const ModelSpec& m, TensorId t, const Layout& layout, int
 
 /// Name of the local buffer that starts with tensor `buffer` under `packing`
 /// (e.g. "model.layers.3.self_attn.qkv_proj.weight", "model.layers.3.mlp.experts.w13_weight",
-/// "decoder.layers.3.self_attention.linear_qkv.weight").
-std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing);
+/// "decoder.layers.3.self_attention.linear_qkv.weight"). Megatron names a routed expert's
+/// buffers by its index among its group's experts (`mlp.experts.local_experts.{i}`):
+/// `expert_groups` is the unit's tp·ep/etp.
+std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing, int expert_groups = 1);
 
 /// Name of the scale buffer beside weight buffer `buffer` in a `dtype=fp8` unit: its
 /// name with "weight" → "weight_scale_inv" ("…q_b_proj.weight_scale_inv",

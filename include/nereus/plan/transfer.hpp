@@ -15,6 +15,7 @@ struct BufferView {
   TensorId buffer = 0;  ///< first tensor of the local buffer (see packing.hpp)
   Packing packing = Packing::hf;
   LocalView view;       ///< element offset and per-dimension element strides
+  int expert_groups = 1;  ///< its unit's expert groups: Megatron names a local expert by its index in its group
 };
 
 /// How a transfer to a `dtype=fp8` unit treats a quantized weight (sharding.md, "FP8").

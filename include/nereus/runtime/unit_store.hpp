@@ -31,6 +31,7 @@ struct BufferSpec {
     std::int64_t base;
   };
   std::vector<Part> parts;
+  int expert_groups = 1;  ///< its unit's (buffer_name: Megatron's local expert index)
   std::uint64_t bytes() const;
 };
 
