@@ -146,7 +146,7 @@ std::string megatron_name(const TensorInfo& info, bool sparse) {
 std::string buffer_name(const ModelSpec& m, TensorId buffer, Packing packing, int expert_groups) {
   const TensorInfo& info = m.tensor(buffer);
   if (packing == Packing::megatron) {
-    if (!is_expert(info.kind)) return megatron_name(info, m.config().sparse_layer(info.layer));
+    if (!is_expert(info.kind)) return megatron_name(info, info.layer >= 0 && m.config().sparse_layer(info.layer));
     int q = 0;  // the expert group holding it: experts part(E, groups, q)
     while (q + 1 < expert_groups && part(m.config().experts, expert_groups, q + 1).lo <= info.expert) ++q;
     const std::string p = "decoder.layers." + std::to_string(info.layer) + ".mlp.experts.local_experts." +
