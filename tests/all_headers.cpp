@@ -61,6 +61,7 @@
 #include "nereus/runtime/graph_run.hpp"
 #include "nereus/runtime/inbox.hpp"
 #include "nereus/runtime/job.hpp"
+#include "nereus/runtime/weight_update.hpp"
 #include "nereus/runtime/notifier.hpp"
 #include "nereus/runtime/participant.hpp"
 #include "nereus/runtime/peer_info.hpp"

@@ -85,6 +85,13 @@ JobSpec parse_job(std::string_view text, std::string_view origin) {
   if (mode != "sync" && mode != "async")
     throw Error(std::string(origin) + ": field 'mode' is '" + mode + "' (supported: sync, async)");
   job.async = mode == "async";
+  if (j.contains("max_staleness")) {
+    job.max_staleness = integer(field(j, "max_staleness", origin), "max_staleness", origin, true);
+    if (!job.async) throw Error(std::string(origin) + ": field 'max_staleness' is for async jobs (\"mode\": \"async\")");
+    if (job.max_staleness < 1)
+      throw Error(std::string(origin) + ": field 'max_staleness' is " + std::to_string(job.max_staleness) +
+                  "; it must be at least 1 (generation uses params at most that many versions old)");
+  }
   return job;
 }
 

@@ -187,6 +187,7 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
     s.transport = s.own_transport.get();
   }
   const std::vector<Collection> cols = plan_collections(s.spec, initial, s.options.devices);
+  if (const std::string why = s.shared_device(cols); !why.empty()) throw Error(why);
   const std::int64_t batch = s.spec.prompts_per_step * s.spec.samples_per_prompt;
   for (std::size_t i = 0; i < s.stages.size(); ++i) {
     StageSlot slot;
@@ -209,6 +210,8 @@ Job::Job(asio::any_io_executor ex, JobSpec spec, const GlobalPlan& initial, JobO
 
 Job::~Job() {
   if (s_->transition && !s_->transition->finished) s_->transition->stop("the job was destroyed", true);
+  for (StageSlot& slot : s_->slots)
+    if (slot.update) WeightUpdate(s_, slot.update).cancel();
   // The state and a transition refer to each other: break the cycle. A run still in
   // flight keeps both alive until its coroutine ends.
   s_->transition.reset();
@@ -277,15 +280,24 @@ asio::awaitable<StageLease> Job::enter_stage(std::string model_stage) {
   if (slot.claimed) throw Error("model-stage '" + model_stage + "' is already running");
   slot.claimed = true;
   std::vector<UnitPtr> units;
+  const bool trains = slot.stage.kind == StageKind::train;
   for (;;) {
+    try {
+      co_await s->within_staleness(i);  // async generation: params at most max_staleness versions old
+    } catch (...) {
+      slot.claimed = false;
+      throw;
+    }
     const auto& tr = s->transition;
     // After a plan change takes effect, a stage runs on exactly its new units.
     const bool awaiting = tr && !tr->finished && tr->effective_step <= s->step && !tr->applied(i);
-    bool free = !awaiting;
+    bool free = !awaiting && !slot.switch_pending;
     if (free) {
       units = slot.units;
-      for (const UnitPtr& u : units)
+      for (const UnitPtr& u : units) {
+        free = free && !(trains && u->readers > 0);  // a weight update still copies its params
         for (DeviceId d : u->emu.gpus) free = free && s->busy[static_cast<std::size_t>(d)] == 0;
+      }
     }
     if (free) break;
     try {
@@ -331,6 +343,8 @@ asio::awaitable<StageLease> Job::enter_stage(std::string model_stage) {
     c.version_ = units[k]->version;
     c.buffers_ = &units[k]->buffers;
     c.lifetime_ = units[k]->lifetime;
+    c.aborts_ = slot.aborts;
+    c.aborts_at_entry_ = *slot.aborts;
     for (auto& m : units[k]->memory) c.memory_.emplace_back(m.data(), m.size());
   }
   co_return lease;
@@ -431,6 +445,7 @@ void StageLease::leave_after(bool completed, std::vector<std::shared_ptr<DeviceE
   slot.claimed = false;
   if (completed) {
     slot.ran_this_step = true;
+    ++slot.runs;
     if (slot.stage.kind == StageKind::train) {
       ++slot.state.update_count;
       ++slot.state.policy_version;
@@ -528,6 +543,7 @@ asio::awaitable<void> Job::end_step(std::span<const FrameworkStream> streams) {
     const std::vector<UnitPtr> sources = units_in(*s, t, s->step + 1);
     for (std::size_t m = 0; m < s->slots.size(); ++m) {
       if (m == t || s->stages[m].role != s->stages[t].role) continue;
+      if (s->spec.async && s->stages[m].kind == StageKind::generate) continue;  // weight updates, in flight
       std::vector<UnitPtr> behind;
       for (const UnitPtr& u : units_in(*s, m, s->step + 1))
         if (!u->freed && u->version < s->slots[t].state.policy_version) behind.push_back(u);
@@ -563,6 +579,9 @@ asio::awaitable<void> Job::end_step(std::span<const FrameworkStream> streams) {
 
 TransitionHandle Job::begin_transition(const GlobalPlan& target, std::span<const FrameworkStream> streams) {
   JobState& s = *s_;
+  if (s.spec.async)
+    throw Error("plan changes in async jobs are not supported yet: generation and training run at the same time, and "
+                "transitions are scheduled around lockstep steps (weight updates are: begin_weight_update)");
   if (s.transition && (!s.transition->finished || s.transition->effective_step > s.step))
     throw Error(s.transition->finished
                     ? "the previous transition takes effect at step " + std::to_string(s.transition->effective_step) +

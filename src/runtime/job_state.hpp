@@ -11,6 +11,7 @@
 #include "nereus/runtime/graph_run.hpp"
 #include "nereus/runtime/job.hpp"
 #include "nereus/runtime/notifier.hpp"
+#include "nereus/runtime/weight_update.hpp"
 #include "nereus/transport/local.hpp"
 
 namespace nereus {
@@ -22,6 +23,7 @@ struct LiveUnit {
   std::vector<DeviceBuffer> memory;  ///< one per buffer
   std::int64_t version = 0;
   int in_use = 0;  ///< stage work or a weight sync reading or writing it
+  int readers = 0; ///< weight updates copying its params: its training stage waits to write
   bool freed = false;
   /// Reset when the unit is freed: the framework's views of it (UnitView::lifetime) expire.
   std::shared_ptr<const void> lifetime = std::make_shared<char>(0);
@@ -40,6 +42,27 @@ struct StageSlot {
   bool running = false;  ///< its work runs on its units
   bool leaving = false;  ///< left, its devices held until the framework's work on them ends (StageLease::leave)
   std::vector<UnitPtr> retiring;  ///< old units to free once this step no longer needs them
+  // Async jobs (job_update.cpp):
+  std::int64_t runs = 0;  ///< completed runs (a generation stage runs many times a step)
+  std::shared_ptr<UpdateRun> update;  ///< a weight update of this stage in flight (not yet switched)
+  bool switch_pending = false;  ///< finish(wait) is waiting for the run in flight: no new run starts
+  std::shared_ptr<std::int64_t> aborts = std::make_shared<std::int64_t>(0);  ///< switches with PauseMode::abort
+};
+
+/// A weight update in flight (weight_update.hpp): staging units beside the generation
+/// stage's units, filled from the trainer's units while generation runs.
+struct UpdateRun {
+  enum class Phase { copying, ready, failed, switched };
+  std::size_t stage = 0, trainer = 0;
+  std::vector<UnitPtr> targets;  ///< the generation units, in replica order
+  std::vector<UnitPtr> sources;  ///< the trainer's units it reads
+  std::vector<UnitPtr> staging;  ///< one per target: the same buffers on the same devices
+  std::vector<EngineTensor> metadata;
+  Phase phase = Phase::copying;
+  bool cancelled = false;
+  std::vector<Executor*> active;  ///< the copy's executor while it runs (for cancel)
+  std::chrono::steady_clock::time_point began;
+  WeightUpdateReport report;
 };
 
 class JobState : public std::enable_shared_from_this<JobState> {
@@ -88,6 +111,21 @@ class JobState : public std::enable_shared_from_this<JobState> {
                                                              std::span<const DeviceId> devices) const;
   /// Copies `sources` (stage `from`) into the units `targets` (stage `to`) with the
   /// reshard planner and the executor: a weight sync, or one build of a transition.
+  /// Async jobs: keeps generation stage `i` within max_staleness of its trainer before a
+  /// run, beginning and switching an update itself when the framework has not (job_update.cpp).
+  asio::awaitable<void> within_staleness(std::size_t i);
+  /// Starts an update of generation stage `i` (Job::begin_weight_update).
+  std::shared_ptr<UpdateRun> begin_update(std::size_t i);
+  /// Switches a ready update in (the caller has seen to its boundary); `pause_from` is when
+  /// the stage stood still.
+  asio::awaitable<void> switch_in(std::shared_ptr<UpdateRun> u, PauseMode p, std::chrono::steady_clock::time_point pause_from,
+                                  std::vector<std::shared_ptr<DeviceEvent>> after);
+  /// The training stage of generation stage i's model, or none.
+  std::optional<std::size_t> trainer_of(std::size_t i) const;
+  /// Async jobs: the error for a plan that puts a generation and a training stage on one
+  /// device; empty when it keeps them apart.
+  std::string shared_device(const std::vector<Collection>& plan) const;
+
   asio::awaitable<ExecutionReport> copy_units(const std::vector<std::pair<std::size_t, std::vector<UnitPtr>>>& sources,
                                               std::size_t to, const std::vector<UnitPtr>& targets,
                                               std::vector<Executor*>* active = nullptr);

@@ -38,7 +38,12 @@ struct JobSpec {
   std::int64_t samples_per_prompt = 1;
   std::int64_t prompt_len = 0;
   std::int64_t max_response_len = 0;
+  /// `"mode": "async"`: generation runs on while training computes, and weight updates
+  /// reach generation in flight (runtime/weight_update.hpp).
   bool async = false;
+  /// Async: generation never runs with params more than this many versions behind the
+  /// trainer (`"max_staleness"`, ≥ 1; default 1: one-step off-policy).
+  std::int64_t max_staleness = 1;
   /// `"reward": "rule"`: a verifiable reward the framework computes (RLVR); the job has no
   /// reward model and no reward model-stage.
   bool rule_reward = false;

@@ -101,6 +101,9 @@ class UnitContext {
   const StageState& state() const { return *state_; }
   std::int64_t version() const { return version_; }  ///< version of the params it holds
   std::uint64_t rng() const { return replica_rng(*state_, replica_); }
+  /// Async jobs: a weight update switched in with PauseMode::abort since this run began;
+  /// the work should drop its sequences in flight (the views it holds are expired).
+  bool aborted() const;
   /// Buffers of the unit (sharding.md packing) with their memory.
   const std::vector<BufferSpec>& buffers() const { return *buffers_; }
   std::span<std::byte> memory(std::size_t buffer) const { return memory_[buffer]; }
@@ -124,6 +127,8 @@ class UnitContext {
   const std::vector<BufferSpec>* buffers_ = nullptr;
   std::vector<std::span<std::byte>> memory_;
   std::vector<std::pair<DeviceId, std::span<std::byte>>> workspace_;
+  std::shared_ptr<const std::int64_t> aborts_;  ///< the stage's abort count, and its value at entry
+  std::int64_t aborts_at_entry_ = 0;
 };
 
 /// The framework's work for one unit of a model-stage.
@@ -140,6 +145,7 @@ struct DeviceUse {
 };
 
 class TransitionRun;
+class WeightUpdate;  // weight_update.hpp
 class JobState;
 struct LiveUnit;
 
@@ -227,8 +233,9 @@ class Job {
   void set_workspace(std::string_view model_stage, std::uint64_t bytes);
   /// The units of a model-stage in effect now, in replica order.
   std::vector<UnitView> units(std::string_view model_stage) const;
-  /// Ends the step (sync mode): weight sync from each training stage to its model's
-  /// generation and inference stages; the next step starts. GPU memory: first waits for
+  /// Ends the step: weight sync from each training stage to its model's generation and
+  /// inference stages (an async job's generation stages are left to weight updates); the
+  /// next step starts. GPU memory: first waits for
   /// the framework's work queued on `streams` (a GPU not named: its default stream) and
   /// for every stage left while its work still ran (StageLease::leave).
   asio::awaitable<void> end_step(std::span<const FrameworkStream> streams = {});
@@ -239,6 +246,16 @@ class Job {
   /// (or from this one, when no stage has run in it yet). GPU memory: no byte moves
   /// before the framework's work queued on `streams` (as end_step) has completed.
   TransitionHandle begin_transition(const GlobalPlan& target, std::span<const FrameworkStream> streams = {});
+  /// Async jobs (weight_update.hpp): starts copying the trainer's current params into
+  /// staging beside `model_stage`'s units (a generation stage of a trained model) while
+  /// generation keeps running. Throws Error when the job is not async, the stage is not a
+  /// generation stage, its trainer is running (begin after it leaves), an update of the
+  /// stage is already in flight, the units already hold that version, a transition is in
+  /// flight, or the staging does not fit a device's budget; nothing changes then.
+  WeightUpdate begin_weight_update(std::string_view model_stage);
+  /// Async jobs: how many versions generation may run behind the trainer.
+  std::int64_t max_staleness() const;
+
   /// begin_transition + wait.
   asio::awaitable<TransitionReport> transition(const GlobalPlan& target, std::span<const FrameworkStream> streams = {});
 
