@@ -597,6 +597,94 @@ class NeverStall(unittest.TestCase):
         self.assertEqual(job.plan["critic/train"], "tp=2,pp=2,dp=1,devices=4-7")
 
 
+ASYNC_PLAN = {"actor/generate": "tp=1,pp=1,dp=2,devices=0-1", "actor/infer": "tp=2,pp=1,dp=1,devices=2-3",
+              "reference/infer": "tp=2,pp=1,dp=1,devices=2-3", "actor/train": "tp=2,pp=1,dp=1,devices=4-5"}
+
+
+def async_job(d, **extra):
+    path = os.path.join(d, "async.json")
+    with open(path, "w") as f:
+        json.dump({"algorithm": "grpo", "prompts_per_step": 8, "samples_per_prompt": 2, "prompt_len": 8,
+                   "max_response_len": 16, "models": {"actor": "tiny-llama", "reference": "tiny-llama", "reward": "rule"},
+                   "mode": "async", **extra}, f)
+    return nereus.Job(path, ASYNC_PLAN, devices=6, capacity="64MiB")
+
+
+class AsyncUpdates(unittest.TestCase):
+    """Engine-shaped weight updates: begin, metadata, wait, finish(pause) while a generation
+    thread keeps decoding and reads its units at every step."""
+
+    def test_update_in_flight_while_generation_decodes(self):
+        with tempfile.TemporaryDirectory() as d:
+            job = async_job(d)
+        self.assertEqual((job.mode, job.max_staleness), ("async", 1))
+        with self.assertRaisesRegex(nereus.Error, "already holds version 0"):
+            job.begin_weight_update("actor/generate")
+        versions = [full_tensors(job, "actor/train", seed) for seed in (1, 2)]
+        write_all(job, "actor/generate", versions[0])
+        with job.stage("actor/train"):
+            write_all(job, "actor/train", versions[1])
+        update = job.begin_weight_update("actor/generate")
+        self.assertEqual(update.version, 1)
+        meta = update.metadata()
+        self.assertEqual(sorted(meta), [0, 1])
+        names = {e["name"] for e in meta[0]}
+        self.assertIn("model.layers.0.self_attn.q_proj.weight", names)
+        self.assertTrue(all(e["dtype"] == "bf16" and e["slot"] == "param" for e in meta[0]))
+        seen, out = [], {}
+
+        def generation():
+            with job.stage("actor/generate") as held:
+                for step in range(200):
+                    units = job.units("actor/generate")
+                    for u in units:  # every unit holds one whole version
+                        gen_full = {k: v for k, v in versions[u.version].items() if k[1] == "param"}
+                        bad = [s for s in u.shards() if not torch.equal(s.data, gen_full[(s.tensor, "param")][index(s)])]
+                        seen.append((u.version, len(bad)))
+                    if update.ready and "report" not in out:
+                        out["report"] = update.finish("keep")
+                        try:
+                            held[0].shards()[0].data  # the run's first views show the old weights: freed
+                        except nereus.Error as e:
+                            out["expired"] = str(e)
+                    if "report" in out and step > 5:
+                        break
+                    time.sleep(0.002)
+
+        worker = threading.Thread(target=generation)
+        worker.start()
+        worker.join()
+        r = out["report"]
+        self.assertTrue(r["completed"], r)
+        self.assertEqual((r["weight_version"], r["pause"], r["unit_versions"]), (1, "keep", [1, 1]))
+        self.assertGreater(r["moved_bytes"], 0)
+        self.assertLessEqual(r["paused_seconds"], 0.1 * r["seconds"])
+        self.assertIn("weight update freed this memory", out.get("expired", ""))
+        self.assertEqual([b for _, b in seen if b], [])
+        self.assertEqual({v for v, _ in seen}, {0, 1})
+        self.assertEqual(mismatches(job, "actor/generate", {k: v for k, v in versions[1].items() if k[1] == "param"}), [])
+
+    def test_bad_input(self):
+        with tempfile.TemporaryDirectory() as d:
+            job = async_job(d)
+            with self.assertRaisesRegex(nereus.Error, "share device 4"):
+                nereus.Job(os.path.join(d, "async.json"), dict(ASYNC_PLAN, **{"actor/generate": "tp=1,pp=1,dp=2,devices=4-5"}),
+                           devices=6, capacity="64MiB")
+            with self.assertRaisesRegex(nereus.Error, "max_staleness' is 0"):
+                async_job(d, max_staleness=0)
+        with job.stage("actor/train"):
+            pass
+        update = job.begin_weight_update("actor/generate")
+        with self.assertRaisesRegex(nereus.Error, "pause mode 'later'"):
+            update.finish("later")
+        update.cancel()
+        with self.assertRaisesRegex(nereus.Error, "cancelled"):
+            update.finish("keep")
+        self.assertEqual([u.version for u in job.units("actor/generate")], [0, 0])
+        with self.assertRaisesRegex(nereus.Error, "not async"):
+            new_job().begin_weight_update("actor/generate")
+
+
 class Workspace(unittest.TestCase):
     def test_a_stage_workspace_is_memory_of_its_devices_while_it_runs(self):
         job = new_job()

@@ -8,6 +8,7 @@
 #include "nereus/core/fp8_layout.hpp"
 #include "nereus/core/model.hpp"
 #include "nereus/core/packing.hpp"
+#include "nereus/runtime/weight_update.hpp"
 #include "py_job.hpp"
 
 namespace nereus::python {
@@ -31,7 +32,7 @@ struct PyShard {
   void check() const {
     if (unit && unit->expired())
       throw Error("shard " + tensor + "@" + slot + " on device " + std::to_string(view.device) +
-                  " of " + unit_name + ": a transition freed this unit; take new views from job.units()");
+                  " of " + unit_name + ": a transition or weight update freed this memory; take new views from job.units()");
   }
   std::vector<std::int64_t> shape() const {
     std::vector<std::int64_t> s;
@@ -273,6 +274,28 @@ struct PyTransition {
   TransitionHandle handle;
 };
 
+struct PyUpdate {
+  std::shared_ptr<PyJob> job;
+  WeightUpdate update;
+};
+
+py::dict update_dict(const WeightUpdateReport& r) {
+  py::dict d;
+  d["model_stage"] = r.model_stage;
+  d["weight_version"] = r.version;
+  d["completed"] = r.completed;
+  d["error"] = r.error;
+  d["pause"] = std::string(to_string(r.pause));
+  d["automatic"] = r.automatic;
+  d["seconds"] = r.seconds;
+  d["copy_seconds"] = r.copy_seconds;
+  d["paused_seconds"] = r.paused_seconds;
+  d["moved_bytes"] = r.moved_bytes;
+  d["copied_bytes"] = r.copied_bytes;
+  d["unit_versions"] = r.unit_versions;
+  return d;
+}
+
 }  // namespace
 
 void bind_job(py::module_& m) {
@@ -319,7 +342,7 @@ void bind_job(py::module_& m) {
       .def("buffers", [](const PyUnit& u) {
         if (u.view.lifetime.expired())
           throw Error(u.stage + " unit " + std::to_string(u.view.replica) +
-                      ": a transition freed this unit; take new views from job.units()");
+                      ": a transition or weight update freed this memory; take new views from job.units()");
         const ModelSpec& m = *u.job->spec().model(std::string(role_of(u.stage)));
         py::list out;
         for (std::size_t b = 0; b < u.view.buffers.size(); ++b) {
@@ -374,6 +397,44 @@ void bind_job(py::module_& m) {
       .def("cancel", [](PyTransition& t) { t.job->loop().call([&] { t.handle.cancel(); }); })
       .def_property_readonly("done", [](PyTransition& t) { return t.job->loop().call([&] { return t.handle.done(); }); });
 
+  py::class_<PyUpdate>(m, "WeightUpdate", "A weight update of an async job's generation stage in flight (docs/embedding.md).")
+      .def_property_readonly("version", [](PyUpdate& u) { return u.job->loop().call([&] { return u.update.version(); }); })
+      .def_property_readonly("model_stage", [](PyUpdate& u) { return u.job->loop().call([&] { return u.update.model_stage(); }); })
+      .def_property_readonly("ready", [](PyUpdate& u) { return u.job->loop().call([&] { return u.update.ready(); }); },
+                             "Whether the staging is complete (or the update failed).")
+      .def_property_readonly("switched", [](PyUpdate& u) { return u.job->loop().call([&] { return u.update.switched(); }); })
+      .def("metadata", [](PyUpdate& u) {
+        const std::vector<EngineTensor> meta = u.job->loop().call([&] { return u.update.metadata(); });
+        py::dict out;
+        for (const EngineTensor& t : meta) {
+          py::dict e;
+          e["name"] = t.name;
+          e["dtype"] = std::string(to_string(t.dtype));
+          e["shape"] = t.shape;
+          e["slot"] = t.slot;
+          const py::int_ device(t.device);
+          if (!out.contains(device)) out[device] = py::list();
+          out[device].cast<py::list>().append(e);
+        }
+        return out;
+      }, "{device: [{name, dtype, shape, slot}]}: the generation units' local buffers in the stage's packing.")
+      .def("wait", [](PyUpdate& u) {
+        WeightUpdate w = u.update;
+        u.job->loop().run([w]() mutable -> asio::awaitable<bool> {
+          co_await w.wait();
+          co_return true;
+        });
+      }, "Blocks until the staging is complete; raises nereus.Error when the copy failed.")
+      .def("finish", [](PyUpdate& u, const std::string& pause, const py::object& stream) {
+        const PauseMode p = parse_pause_mode(pause);
+        std::vector<FrameworkStream> streams = framework_streams(stream);
+        WeightUpdate w = u.update;
+        return update_dict(u.job->loop().run([w, p, streams]() mutable { return w.finish(p, streams); }));
+      }, py::arg("pause") = "keep", py::arg("stream") = py::none(),
+         "Switches the staged weights in: 'wait' after the stage's run in flight, 'keep' now (between two decode "
+         "steps; the KV cache stays), 'abort' now, telling the run in flight to drop its sequences. Returns the report.")
+      .def("cancel", [](PyUpdate& u) { u.job->loop().call([&] { u.update.cancel(); }); });
+
   py::class_<PyJob, std::shared_ptr<PyJob>>(m, "Job", "A job embedded in this process (docs/embedding.md).")
       .def(py::init([](const std::string& job, py::object plan, int devices, py::object capacity, double headroom,
                        std::uint64_t seed, unsigned copy_threads, py::object adopt, bool fill, py::object cluster,
@@ -394,6 +455,13 @@ void bind_job(py::module_& m) {
           py::arg("checkpoint"), py::arg("job"), py::arg("devices") = 8, py::arg("capacity") = "1GiB",
           py::arg("headroom") = 0.1, py::arg("copy_threads") = 1, py::arg("cluster") = py::none(),
           py::arg("policy") = "nereus", py::arg("gamma") = 0.5, py::arg("memory") = "host", "A job continued from save_checkpoint(checkpoint).")
+      .def_property_readonly("mode", [](PyJob& j) { return std::string(j.spec().async ? "async" : "sync"); })
+      .def_property_readonly("max_staleness", [](PyJob& j) { return j.spec().max_staleness; })
+      .def("begin_weight_update", [](const std::shared_ptr<PyJob>& j, const std::string& stage) {
+        return PyUpdate{j, j->loop().call([&] { return j->job().begin_weight_update(stage); })};
+      }, py::arg("model_stage"),
+         "Async jobs: starts copying the trainer's latest params into staging beside a generation stage's units while "
+         "it keeps running; returns a WeightUpdate.")
       .def_property_readonly("step", [](PyJob& j) { return j.loop().call([&] { return j.job().step(); }); })
       .def_property_readonly("plan", [](PyJob& j) { return plan_dict(j.loop().call([&] { return j.job().plan(); })); })
       .def_property_readonly("model_stages", [](PyJob& j) {
