@@ -10,7 +10,10 @@
   change and --perfetto: the trace's structure;
 - the live controller's first memory-forced change and two steps past it, for PPO and
   GRPO (--grow-at -1: responses grow every step, so memory runs short at step 3 rather
-  than step 18 of the default run, which once crashed there).
+  than step 18 of the default run, which once crashed there);
+- --async (PPO and GRPO) for a few steps: its JSON fields, staleness within max_staleness,
+  versions that only grow, every weight update reported, both streams in the trace; and
+  --async with plan changes refused.
 Usage: test_ppo.py PPO_PY"""
 import json
 import os
@@ -52,7 +55,8 @@ def main(ppo):
     check(plan["actor/train"].startswith("tp=1,pp=1,fsdp=2,dp=1,") and plan["critic/train"].startswith("tp=1,pp=1,dp=2,")
           and plan["reference/infer"].startswith("tp=1,pp=1,dp=2,"),
           f"the final plan has the forced layouts: {plan}")
-    return failed + fsdp_actor(ppo, check) + default_run_trace(ppo, check) + memory_forced(ppo, check)
+    return (failed + fsdp_actor(ppo, check) + default_run_trace(ppo, check) + memory_forced(ppo, check)
+            + async_runs(ppo, check))
 
 
 def fsdp_actor(ppo, check):
@@ -106,6 +110,42 @@ def memory_forced(ppo, check):
               f"{algorithm}: state checks across it: {out['state_checks']}")
         urgent = [d for d in out["decisions"] if "memory" in d["trigger"]]
         check(bool(urgent) and all(d["admitted"] for d in urgent), f"{algorithm}: no memory-triggered decision stayed: {urgent}")
+    return check.failed - failed_before
+
+
+def async_runs(ppo, check):
+    failed_before = check.failed
+    for algorithm, steps in (("ppo", 4), ("grpo", 3)):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            r = subprocess.run([sys.executable, ppo, "--async", "--algorithm", algorithm, "--steps", str(steps), "--json",
+                                "--perfetto", path], capture_output=True, text=True, timeout=240)
+            check(r.returncode == 0, f"--async {algorithm}: exits 0 (rc {r.returncode}): {r.stderr[-1500:]}")
+            if r.returncode != 0:
+                continue
+            out = json.loads(r.stdout)
+            with open(path) as f:
+                trace = json.load(f)
+        check(out["mode"] == "async" and len(out["steps"]) == steps, f"--async {algorithm}: mode and {steps} steps")
+        s = out["steps"]
+        check(all({"weight_version", "staleness", "reward_mean", "seconds"} <= set(x) for x in s),
+              f"--async {algorithm}: each step has weight_version and staleness")
+        check(all(0 <= x["staleness"] <= 1 for x in s) and s[0]["weight_version"] == 0,
+              f"--async {algorithm}: staleness within max_staleness 1: {[x['staleness'] for x in s]}")
+        check(all(a["weight_version"] <= b["weight_version"] for a, b in zip(s, s[1:])) and s[-1]["weight_version"] >= 1,
+              f"--async {algorithm}: generation's versions only grow, and it got updates: {[x['weight_version'] for x in s]}")
+        u = out["weight_updates"]
+        check(len(u) >= steps - 2 and all({"version", "seconds", "moved_bytes", "paused_seconds"} <= set(x) for x in u)
+              and all(x["moved_bytes"] > 0 and 0 <= x["paused_seconds"] <= x["seconds"] for x in u)
+              and [x["version"] for x in u] == sorted({x["version"] for x in u}),
+              f"--async {algorithm}: every weight update reported once, in order: {u}")
+        names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+        check({"steps", "generation", "weight updates", "device 6: stages", "device 4: stages"} <= names,
+              f"--async {algorithm}: both streams and the updates in the trace: {sorted(names)}")
+    r = subprocess.run([sys.executable, ppo, "--async", "--plan-changes", "controller", "--steps", "1"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "--async runs a fixed plan" in r.stderr,
+          f"--async with plan changes: one clear error (rc {r.returncode}): {r.stderr[-300:]}")
     return check.failed - failed_before
 
 

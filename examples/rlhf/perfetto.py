@@ -25,6 +25,25 @@ class Trace:
                 self.events.append({"name": name, "ph": "X", "pid": 0, "tid": self._track(1000 * (d + 1), f"device {d}: stages"),
                                     "ts": self._us(a), "dur": self._us(b) - self._us(a), "args": {"step": k}})
 
+    def spans(self, name, st, t0, t1):
+        """A stream's run other than the training step (async generation) and its stages."""
+        self.events.append({"name": name, "ph": "X", "pid": 0, "tid": self._track(1, "generation"),
+                            "ts": self._us(t0), "dur": self._us(t1) - self._us(t0)})
+        for stage, a, b, devices in st.spans:
+            for d in devices:
+                self.events.append({"name": stage, "ph": "X", "pid": 0, "tid": self._track(1000 * (d + 1), f"device {d}: stages"),
+                                    "ts": self._us(a), "dur": self._us(b) - self._us(a)})
+
+    def update(self, r):
+        """An async weight update: its copy, and the pause at its switch (report times are
+        on CLOCK_MONOTONIC, as time.perf_counter is on Linux)."""
+        a, b = r["started"], r["started"] + r["seconds"]
+        self.events.append({"name": f"weight update v{r['weight_version']}", "ph": "X", "pid": 0,
+                            "tid": self._track(2, "weight updates"), "ts": self._us(a), "dur": self._us(b) - self._us(a),
+                            "args": {k: r[k] for k in ("moved_bytes", "copy_seconds", "paused_seconds", "pause", "automatic")}})
+        self.events.append({"name": "paused", "ph": "X", "pid": 0, "tid": self._track(3, "generation paused"),
+                            "ts": self._us(b - r["paused_seconds"]), "dur": round(r["paused_seconds"] * 1e6, 1)})
+
     def transition(self, began, report):
         for i, n in enumerate(report["nodes"]):
             a, b = began + n["start"], began + max(n["start"], n["end"])

@@ -287,6 +287,42 @@ def parse_force(items):
     return out
 
 
+def summary(steps, transitions, checks):
+    n = max(1, len(steps) // 10)
+    first = sum(s["reward_mean"] for s in steps[:n]) / n
+    last = sum(s["reward_mean"] for s in steps[-n:]) / n
+    print(f"reward first 10%: {first:.3f}, last 10%: {last:.3f}; transitions {len(transitions)}; "
+          f"state checks {checks['passed']} passed, {checks['failed']} failed", file=sys.stderr)
+
+
+def run_async(a, gen):
+    """--async: the job file with "mode": "async", generation on its own devices (ppo_async.py)."""
+    import tempfile
+    import ppo_async
+    with open(JOBS[a.algorithm]) as f:
+        spec = dict(json.load(f), mode="async", max_staleness=1)
+    plan = {k: v for k, v in ppo_async.PLAN.items() if not (a.algorithm == "grpo" and k.startswith("critic/"))}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, f"{a.algorithm}-tiny-rule-async.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        job = nereus.Job(path, plan, devices=8, capacity=a.capacity, seed=a.seed)
+    init_weights(job, a.seed)
+    trace = Trace(time.perf_counter()) if a.perfetto else None
+    out = ppo_async.run(job, a, gen, trace)
+    if trace:
+        trace.write(a.perfetto)
+    if a.json:
+        print(json.dumps(out))
+    summary(out["steps"], [], out["state_checks"])
+    u = out["weight_updates"]
+    if u:
+        print(f"weight updates {len(u)}: median {sorted(x['seconds'] for x in u)[len(u) // 2]:.3f}s, paused median "
+              f"{sorted(x['paused_seconds'] for x in u)[len(u) // 2] * 1e3:.2f} ms; wall {out['wall_seconds']:.1f}s",
+              file=sys.stderr)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -294,7 +330,11 @@ def main():
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--check-state", action="store_true", help="compare every stage's state bit for bit across transitions")
     ap.add_argument("--force-transition", action="append", default=[], metavar="STEP:MODEL_STAGE=SPEC")
-    ap.add_argument("--plan-changes", default="controller", help="controller (default), none, or every:K (alternate two plans)")
+    ap.add_argument("--plan-changes", help="controller (default), none, or every:K (alternate two plans); "
+                                           "--async: none (its only choice for now)")
+    ap.add_argument("--async", dest="asynchronous", action="store_true",
+                    help="one-step off-policy: generation runs on its own devices while training computes, and "
+                         "weight updates reach it in flight (ppo_async.py)")
     ap.add_argument("--capacity", default=CAPACITY, help=f"bytes per device (default {CAPACITY})")
     ap.add_argument("--perfetto", metavar="FILE", help="write a Perfetto/Chrome trace of stages and transitions")
     ap.add_argument("--algorithm", choices=sorted(JOBS), default="ppo",
@@ -307,6 +347,11 @@ def main():
                     help=f"responses grow 8 tokens once the mean reward passes this (default {GROW_AT}; "
                          "below 0: every step, so memory runs short within a few steps)")
     a = ap.parse_args()
+    if a.plan_changes is None:
+        a.plan_changes = "none" if a.asynchronous else "controller"
+    if a.asynchronous and (a.plan_changes != "none" or a.force_transition or a.no_nereus or a.actor_train):
+        raise SystemExit("ppo.py: error: --async runs a fixed plan on Nereus for now (plan changes in async jobs are "
+                         "not supported yet): drop --plan-changes, --force-transition, --no-nereus and --actor-train")
     force = parse_force(a.force_transition)
     every = int(a.plan_changes.split(":")[1]) if a.plan_changes.startswith("every:") else 0
     controller = a.plan_changes == "controller"
@@ -318,6 +363,8 @@ def main():
     plan, alternate = ({k: v for k, v in p.items() if not (grpo and k.startswith("critic/"))} for p in (PLAN, ALTERNATE))
     if a.actor_train:
         plan["actor/train"] = a.actor_train
+    if a.asynchronous:
+        return run_async(a, gen)
     job = nereus.Job(JOBS[a.algorithm], plan, devices=8, capacity=a.capacity, seed=a.seed, gamma=GAMMA)
     if a.no_nereus:
         if force or every:
@@ -426,11 +473,7 @@ def main():
     out = {"steps": steps, "transitions": transitions, "decisions": decisions, "state_checks": checks}
     if a.json:
         print(json.dumps(out))
-    n = max(1, len(steps) // 10)
-    first = sum(s["reward_mean"] for s in steps[:n]) / n
-    last = sum(s["reward_mean"] for s in steps[-n:]) / n
-    print(f"reward first 10%: {first:.3f}, last 10%: {last:.3f}; transitions {len(transitions)}; "
-          f"state checks {checks['passed']} passed, {checks['failed']} failed", file=sys.stderr)
+    summary(steps, transitions, checks)
     return 1 if checks["failed"] or any(not t["completed"] for t in transitions) else 0
 
 

@@ -287,6 +287,7 @@ py::dict update_dict(const WeightUpdateReport& r) {
   d["error"] = r.error;
   d["pause"] = std::string(to_string(r.pause));
   d["automatic"] = r.automatic;
+  d["started"] = r.started;
   d["seconds"] = r.seconds;
   d["copy_seconds"] = r.copy_seconds;
   d["paused_seconds"] = r.paused_seconds;
@@ -457,6 +458,11 @@ void bind_job(py::module_& m) {
           py::arg("policy") = "nereus", py::arg("gamma") = 0.5, py::arg("memory") = "host", "A job continued from save_checkpoint(checkpoint).")
       .def_property_readonly("mode", [](PyJob& j) { return std::string(j.spec().async ? "async" : "sync"); })
       .def_property_readonly("max_staleness", [](PyJob& j) { return j.spec().max_staleness; })
+      .def("weight_updates", [](PyJob& j) {
+        py::list out;
+        for (const WeightUpdateReport& r : j.loop().call([&] { return j.job().weight_updates(); })) out.append(update_dict(r));
+        return out;
+      }, "Async jobs: the report of every weight update switched in so far, in order.")
       .def("begin_weight_update", [](const std::shared_ptr<PyJob>& j, const std::string& stage) {
         return PyUpdate{j, j->loop().call([&] { return j->job().begin_weight_update(stage); })};
       }, py::arg("model_stage"),

@@ -531,11 +531,19 @@ const std::vector<UnitPtr>& units_in(const JobState& s, std::size_t i, std::int6
 
 asio::awaitable<void> Job::end_step(std::span<const FrameworkStream> streams) {
   auto s = s_;
-  for (const StageSlot& slot : s->slots)
+  // An async job's generation stages are another stream: they run on across the step's end.
+  auto other_stream = [&](const StageSlot& x) { return s->spec.async && x.stage.kind == StageKind::generate; };
+  std::vector<DeviceId> fenced;
+  for (const StageSlot& slot : s->slots) {
+    if (other_stream(slot)) continue;
     if (slot.claimed) throw Error("end_step: model-stage '" + slot.stage.name() + "' is still running");
-  co_await until_ready(s->ex, s->framework_events(streams, s->all_devices()));
+    for (const UnitPtr& u : slot.units) fenced.insert(fenced.end(), u->emu.gpus.begin(), u->emu.gpus.end());
+  }
+  if (!s->spec.async) fenced = s->all_devices();
+  co_await until_ready(s->ex, s->framework_events(streams, fenced));
   // Stages left while the framework's kernels still ran on them: the sync reads what they wrote.
-  while (std::any_of(s->slots.begin(), s->slots.end(), [](const StageSlot& x) { return x.leaving; })) co_await s->changed.wait();
+  while (std::any_of(s->slots.begin(), s->slots.end(), [&](const StageSlot& x) { return x.leaving && !other_stream(x); }))
+    co_await s->changed.wait();
   // Weight sync: each generation/inference stage of a trained model gets the training
   // stage's params, unit by unit where they are behind (param slot only).
   for (std::size_t t = 0; t < s->slots.size(); ++t) {

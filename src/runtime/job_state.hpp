@@ -88,6 +88,7 @@ class JobState : public std::enable_shared_from_this<JobState> {
   Notifier changed;       ///< any change of the state below
   std::shared_ptr<TransitionRun> transition;  ///< in flight, or finished but not yet in effect
   Offload offload;  ///< the quantize pass of FP8 copies, off the event loop
+  std::vector<WeightUpdateReport> update_log;  ///< async: every update switched in (Job::weight_updates)
 
   std::size_t index(std::string_view model_stage) const;
   /// Allocates a unit's buffers; throws Error (counting a cap violation) over the budget.

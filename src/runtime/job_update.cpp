@@ -134,6 +134,7 @@ std::shared_ptr<UpdateRun> JobState::begin_update(std::size_t i) {
   u->targets = gen.units;
   u->sources = trainer.units;
   u->began = Clock::now();
+  u->report.started = std::chrono::duration<double>(u->began.time_since_epoch()).count();
   u->report.model_stage = name;
   u->report.version = version;
   for (const UnitPtr& x : gen.units) u->staging.push_back(allocate_unit(i, x->emu));  // a throw frees what was allocated
@@ -194,9 +195,11 @@ asio::awaitable<void> JobState::switch_in(std::shared_ptr<UpdateRun> u, PauseMod
   u->phase = UpdateRun::Phase::switched;
   u->report.completed = true;
   u->report.pause = p;
-  u->report.seconds = since(u->began);
-  u->report.paused_seconds = std::chrono::duration<double>(Clock::now() - pause_from).count();
+  const auto now = Clock::now();
+  u->report.seconds = std::chrono::duration<double>(now - u->began).count();
+  u->report.paused_seconds = std::chrono::duration<double>(now - std::max(pause_from, u->began)).count();
   for (const UnitPtr& x : u->targets) u->report.unit_versions.push_back(x->version);
+  update_log.push_back(u->report);
   log(LogLevel::debug, "job", "{} switched to version {} ({}): {:.4f} s, paused {:.6f} s", stages[u->stage].name(),
       u->report.version, to_string(p), u->report.seconds, u->report.paused_seconds);
   changed.notify();
@@ -211,6 +214,7 @@ asio::awaitable<void> JobState::within_staleness(std::size_t i) {
   // The run about to start is number `runs`: it may use params `max_staleness` versions
   // older than that at most (run k of a one-step off-policy job reads version k − 1).
   const std::int64_t need = slot.runs - spec.max_staleness;
+  const auto arrived = Clock::now();  // from here generation stands still until it may run
   bool began = false;
   for (;;) {
     std::int64_t have = std::numeric_limits<std::int64_t>::max();
@@ -218,8 +222,10 @@ asio::awaitable<void> JobState::within_staleness(std::size_t i) {
     if (have >= need) co_return;
     if (auto u = slot.update) {
       if (u->phase == UpdateRun::Phase::ready && !slot.switch_pending) {
-        u->report.automatic = true;  // between runs: nothing of the stage is running
-        co_await switch_in(u, PauseMode::wait, Clock::now(), {});
+        // Between runs: nothing of the stage is running. Generation stood still for what
+        // of the copy it waited out, and for the switch.
+        u->report.automatic = true;
+        co_await switch_in(u, PauseMode::wait, std::max(arrived, u->began), {});
         continue;
       }
     } else if (began) {
@@ -240,6 +246,7 @@ WeightUpdate Job::begin_weight_update(std::string_view model_stage) {
 }
 
 std::int64_t Job::max_staleness() const { return s_->spec.max_staleness; }
+std::vector<WeightUpdateReport> Job::weight_updates() const { return s_->update_log; }
 
 bool UnitContext::aborted() const { return aborts_ && *aborts_ != aborts_at_entry_; }
 

@@ -146,6 +146,7 @@ struct DeviceUse {
 
 class TransitionRun;
 class WeightUpdate;  // weight_update.hpp
+struct WeightUpdateReport;
 class JobState;
 struct LiveUnit;
 
@@ -255,6 +256,9 @@ class Job {
   WeightUpdate begin_weight_update(std::string_view model_stage);
   /// Async jobs: how many versions generation may run behind the trainer.
   std::int64_t max_staleness() const;
+  /// Async jobs: the report of every weight update switched in so far, in order (those the
+  /// job began itself to keep generation within max_staleness included).
+  std::vector<WeightUpdateReport> weight_updates() const;
 
   /// begin_transition + wait.
   asio::awaitable<TransitionReport> transition(const GlobalPlan& target, std::span<const FrameworkStream> streams = {});

@@ -51,6 +51,7 @@ struct WeightUpdateReport {
   std::string error;             ///< why it failed or was cancelled (the old version stays)
   PauseMode pause = PauseMode::keep;
   bool automatic = false;        ///< switched by the job to keep generation within max_staleness
+  double started = 0;            ///< when it began, in seconds on the steady clock (CLOCK_MONOTONIC)
   double seconds = 0;            ///< begin to switch
   double copy_seconds = 0;       ///< begin to staging complete
   double paused_seconds = 0;     ///< the time the stage could not run: from the switch point to the switch
