@@ -601,13 +601,13 @@ ASYNC_PLAN = {"actor/generate": "tp=1,pp=1,dp=2,devices=0-1", "actor/infer": "tp
               "reference/infer": "tp=2,pp=1,dp=1,devices=2-3", "actor/train": "tp=2,pp=1,dp=1,devices=4-5"}
 
 
-def async_job(d, **extra):
+def async_job(d, plan=None, **extra):
     path = os.path.join(d, "async.json")
     with open(path, "w") as f:
         json.dump({"algorithm": "grpo", "prompts_per_step": 8, "samples_per_prompt": 2, "prompt_len": 8,
                    "max_response_len": 16, "models": {"actor": "tiny-llama", "reference": "tiny-llama", "reward": "rule"},
                    "mode": "async", **extra}, f)
-    return nereus.Job(path, ASYNC_PLAN, devices=6, capacity="64MiB")
+    return nereus.Job(path, plan or ASYNC_PLAN, devices=6, capacity="64MiB")
 
 
 class AsyncUpdates(unittest.TestCase):
@@ -664,6 +664,23 @@ class AsyncUpdates(unittest.TestCase):
         self.assertEqual({v for v, _ in seen}, {0, 1})
         self.assertEqual(mismatches(job, "actor/generate", {k: v for k, v in versions[1].items() if k[1] == "param"}), [])
 
+    def test_metadata_names_the_engine_layout(self):
+        """Under packing=fused the metadata is vLLM's fused buffers, with their local shapes."""
+        with tempfile.TemporaryDirectory() as d:
+            job = async_job(d, dict(ASYNC_PLAN, **{"actor/generate": "tp=2,pp=1,dp=1,devices=0-1,packing=fused"}))
+        with job.stage("actor/train"):
+            pass
+        update = job.begin_weight_update("actor/generate")
+        meta = update.metadata()
+        by_name = {e["name"]: e for e in meta[1]}
+        units = job.units("actor/generate")
+        buffers = {b["buffer"]: b for b in units[0].buffers() if b["device"] == 1}
+        self.assertEqual(set(by_name), set(buffers))
+        qkv = by_name["model.layers.0.self_attn.qkv_proj.weight"]
+        self.assertEqual(qkv["shape"][0] * qkv["shape"][1] * 2, buffers["model.layers.0.self_attn.qkv_proj.weight"]["nbytes"])
+        self.assertIn("model.layers.0.mlp.gate_up_proj.weight", by_name)
+        self.assertEqual(update.finish("wait")["unit_versions"], [1])
+
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as d:
             job = async_job(d)
@@ -683,6 +700,8 @@ class AsyncUpdates(unittest.TestCase):
         self.assertEqual([u.version for u in job.units("actor/generate")], [0, 0])
         with self.assertRaisesRegex(nereus.Error, "not async"):
             new_job().begin_weight_update("actor/generate")
+        with self.assertRaisesRegex(nereus.Error, "does not model async jobs yet"):
+            job.report_step({"actor/generate": 1.0}, 8, 8)
 
 
 class Workspace(unittest.TestCase):

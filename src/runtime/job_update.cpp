@@ -32,9 +32,12 @@ std::vector<std::int64_t> buffer_shape(const BufferSpec& b) {
 std::vector<EngineTensor> engine_tensors(const ModelSpec& m, const std::vector<UnitPtr>& units) {
   std::vector<EngineTensor> out;
   for (const UnitPtr& u : units)
-    for (const BufferSpec& b : u->buffers)
-      out.push_back({b.key.device, buffer_name(m, b.key.buffer, b.packing, b.expert_groups), b.dtype, buffer_shape(b),
-                     std::string(to_string(b.key.slot))});
+    for (const BufferSpec& b : u->buffers) {
+      const bool scale = b.key.slot == Slot::scale;  // an FP8 weight's block scales: named as checkpoints name them
+      out.push_back({b.key.device,
+                     scale ? scale_buffer_name(m, b.key.buffer, b.packing) : buffer_name(m, b.key.buffer, b.packing, b.expert_groups),
+                     b.dtype, buffer_shape(b), std::string(to_string(b.key.slot))});
+    }
   std::stable_sort(out.begin(), out.end(), [](const EngineTensor& a, const EngineTensor& b) { return a.device < b.device; });
   return out;
 }
