@@ -7,6 +7,7 @@
 
 #include "nereus/cluster/auth.hpp"
 #include "nereus/base/error.hpp"
+#include "nereus/base/log.hpp"
 
 namespace nereus::cluster {
 
@@ -21,7 +22,9 @@ asio::awaitable<void> Channel::send(const Envelope& e) {
   if (writing_) {  // wait in line; the sender before us hands the turn over
     auto turn = std::make_shared<Turn>(socket_.get_executor());
     waiting_.push_back(turn);
+    log(LogLevel::trace, "channel", "{} to {}: waits in line ({} waiting)", kind_name(e.body), peer_, waiting_.size());
     co_await turn->timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    log(LogLevel::trace, "channel", "{} to {}: {}", kind_name(e.body), peer_, turn->given ? "given the turn" : "cancelled in line");
     if (!turn->given) {
       // Cancelled in line (a graph aborted, a job stopping): leave the line and write
       // nothing. Writing anyway would interleave with the sender that has the turn, and
@@ -37,7 +40,9 @@ asio::awaitable<void> Channel::send(const Envelope& e) {
     const std::uint32_t n = static_cast<std::uint32_t>(frame.size() - 4);
     for (int i = 0; i < 4; ++i) frame[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(n >> (8 * i));
   }
+  log(LogLevel::trace, "channel", "{} to {}: writes {} bytes", kind_name(e.body), peer_, frame.size());
   auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(frame), asio::as_tuple(asio::use_awaitable));
+  log(LogLevel::trace, "channel", "{} to {}: written ({})", kind_name(e.body), peer_, ec ? ec.message() : "ok");
   if (waiting_.empty()) {
     writing_ = false;
   } else {
