@@ -37,11 +37,20 @@ TOKEN = token_file("token", "s3cret-token-for-the-daemon-tests")
 BAD = token_file("bad", "another-token-that-is-not-right")
 
 
+# The silence after which a daemon counts as lost. This test runs on the sanitizer build,
+# about ten times slower than a release one: with the default 1.5 s, a live daemon whose
+# event loop the sanitizers and a busy machine held for longer was declared lost, and the
+# job using it waited for ever (docs/benchmarks.md, "CI"; issue 46). Every detection bound
+# checked below is 10 s.
+DEAD_AFTER_MS = 4000
+
+
 class Daemon:
     def __init__(self, *args, name):
         self.log_path = os.path.join(work, name + ".log")
         self.log = open(self.log_path, "w+")
-        self.p = subprocess.Popen([NEREUSD, "--token-file", TOKEN, "--handshake-ms", "1000", *args],
+        self.p = subprocess.Popen([NEREUSD, "--token-file", TOKEN, "--handshake-ms", "1000", "--dead-after-ms",
+                                   str(DEAD_AFTER_MS), *args],
                                   stdout=subprocess.DEVNULL, stderr=self.log)
         procs.append(self.p)
 
@@ -310,7 +319,7 @@ try:
     t0 = time.time()
     j = wait_status(addr, lambda j: not member(j, 1).get("alive", True), timeout=10)
     silent_after = time.time() - t0
-    check(j is not None and silent_after <= 10, f"a frozen node 1 lost by silence after {silent_after:.2f} s (--dead-after-ms 1500, bound 10 s)")
+    check(j is not None and silent_after <= 10, f"a frozen node 1 lost by silence after {silent_after:.2f} s (--dead-after-ms {DEAD_AFTER_MS}, bound 10 s)")
     nodes[1].p.send_signal(signal.SIGCONT)
     j = wait_status(addr, lambda j: member(j, 1).get("alive"), timeout=10)
     check(j is not None and member(j, 1).get("joins", 0) >= 2, "the thawed node 1 notices and rejoins")

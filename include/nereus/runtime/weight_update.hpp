@@ -27,7 +27,7 @@ namespace nereus {
 
 /// Where the switch happens, as engines offer it.
 enum class PauseMode {
-  wait,   ///< once the stage's run in flight has ended (its sequences finished); the next run waits for the switch
+  wait,   ///< once the stage's run in flight has ended (its sequences finished); the next run waits for the switch. Not from inside that run: it would wait on itself
   keep,   ///< now, between two decode steps of a run in flight (the caller is between them); its workspace (KV cache) stays
   abort,  ///< now, like keep, and the run in flight is told to drop its sequences (UnitContext::aborted)
 };
