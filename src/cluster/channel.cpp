@@ -18,6 +18,7 @@ void Channel::protect(Bytes send_key, Bytes receive_key) {
 }
 
 asio::awaitable<void> Channel::send(const Envelope& e) {
+  if (closed_) throw Error("sending " + std::string(kind_name(e.body)) + " to " + peer_ + ": the channel is closed");
   Bytes frame = encode_frame(e);
   if (writing_) {  // wait in line; the sender before us hands the turn over
     auto turn = std::make_shared<Turn>(socket_.get_executor());
@@ -115,9 +116,13 @@ asio::awaitable<void> Channel::reply(std::uint64_t request_id, const Body& body)
 }
 
 void Channel::close() {
+  closed_ = true;
   boost::system::error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_both, ignored);
-  socket_.close(ignored);
+  socket_.close(ignored);  // a write in flight completes, aborted
+  // Senders in line leave it (not given the turn: they throw), so no send outlives the
+  // channel: a job that hung waited on a send to a lost node that never returned.
+  for (const auto& turn : waiting_) turn->timer.cancel();
 }
 
 asio::awaitable<tcp::socket> connect_to(const std::string& host, unsigned short port, Millis limit) {

@@ -113,6 +113,7 @@ void JobDriver::lose(Session& s, const std::string& why) {
   s.alive = false;
   s.lost = why;
   s.lost_at = clock::now();
+  if (s.ch) s.ch->close();  // a send still in flight or in line to it ends now rather than never
   for (auto& [id, p] : s.pending) p->timer.cancel();
   changed_.notify();
 }

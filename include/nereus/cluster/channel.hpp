@@ -52,6 +52,7 @@ class Channel {
   std::uint64_t next_request_ = 1;
   std::string peer_;
   bool writing_ = false;
+  bool closed_ = false;  ///< close() was called: sends throw at once
   /// A sender in line: woken by the one before it handing over (`given`), or by its own
   /// cancellation, after which it leaves the line without writing.
   struct Turn {
