@@ -781,11 +781,11 @@ class Controller(unittest.TestCase):
             s.data.fill_(1.0)  # usable while the unit exists
         self.assertTrue(job.transition(plan(**{"actor/train": "tp=2,pp=1,dp=2,devices=4-7",
                                                 "critic/train": "tp=4,pp=1,dp=1,devices=0-3"}))["completed"])
-        with self.assertRaisesRegex(nereus.Error, r"actor/train unit 0: a transition freed this unit; take new views"):
+        with self.assertRaisesRegex(nereus.Error, r"actor/train unit 0: a transition or weight update freed this memory; take new views"):
             shard.data
-        with self.assertRaisesRegex(nereus.Error, "a transition freed this unit"):
+        with self.assertRaisesRegex(nereus.Error, "a transition or weight update freed this memory"):
             shard.data_ptr
-        with self.assertRaisesRegex(nereus.Error, "a transition freed this unit"):
+        with self.assertRaisesRegex(nereus.Error, "a transition or weight update freed this memory"):
             unit.buffers()
         # New views work, and units that stayed keep their views.
         self.assertTrue(all(bool((s.data == 1.0).all()) for u in job.units("actor/train") for s in u.shards()))

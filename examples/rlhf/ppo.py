@@ -24,7 +24,10 @@ docs/embedding.md.
 Usage: PYTHONPATH=BUILD/python examples/rlhf/ppo.py [--steps N] [--seed S] [--json]
     [--check-state] [--perfetto FILE] [--plan-changes controller|none|every:K]
     [--force-transition STEP:MODEL_STAGE=SPEC ...] [--capacity BYTES] [--no-nereus]
-    [--grow-at REWARD] [--algorithm ppo|grpo]
+    [--grow-at REWARD] [--algorithm ppo|grpo] [--actor-train SPEC] [--async]
+
+--async runs the job asynchronously (ppo_async.py): generation on its own devices samples
+the next batch while training computes, and weight updates reach it in flight.
 """
 import argparse
 import json
