@@ -4,7 +4,9 @@
 - generation (a thread): batch k+1 is sampled while the trainer works on batch k. Between
   two decode steps it switches in a weight update whose staging is complete
   (`finish("keep")`: the KV cache stays, later tokens use the new weights), so the update's
-  copy hides behind decoding. Each token's log-probability under the weights that sampled
+  copy can hide behind decoding — when generation is slower than training; on a 2-core
+  host the streams take about as long, and the job switches each update in at the start of
+  a generation run instead (docs/embedding.md, "Async PPO and GRPO"). Each token's log-probability under the weights that sampled
   it (the behaviour policy) is kept.
 - training (the main thread): takes batch k, scores it with the actor's current weights
   (actor/infer: the proximal policy), the reference and the critic, trains, ends the step,
