@@ -10,10 +10,26 @@
 #include <vector>
 
 #include "cases.hpp"
+#include "nereus/core/cluster.hpp"
 #include "nereus/core/global_plan.hpp"
 #include "nereus/plan/transition_graph.hpp"
 
 namespace testcase {
+
+/// A made-up cluster small enough for exhaustive planner checks: 4 nodes, slow links.
+inline nereus::ClusterSpec small_cluster(double memory_gib, int gpus_per_node) {
+  nereus::ClusterSpec c;
+  c.name = "test";
+  c.nodes = 4;
+  c.gpus_per_node = gpus_per_node;
+  c.gpu_memory_gib = memory_gib;
+  c.gpu_bf16_tflops = 100;
+  c.hbm_gbps = 1000;
+  c.intra_node_gbps = 100;
+  c.inter_node_gbps = 10;
+  c.nics_per_node = 1;
+  return c;
+}
 
 /// A PPO job over very small models: actor and reference a qwen3 (q/k norms; with `moe`,
 /// the qwen3_moe of cases.hpp), critic and reward a llama with attention biases and tied

@@ -290,6 +290,15 @@ check(all({"tp", "pp", "dp", "devices"} <= set(v) for v in j.get("plan", {}).val
       "search names tp, pp, dp, devices for every model-stage")
 expect_error(["search", "--cluster", "paper-cluster-3-h200", "--job", "ppo-tiny", "--gpus", "4096", "--response-len", "100"],
              "more than the cluster's 64")
+rc, out, err = run("search", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--gpus", "32",
+                   "--response-len", "2000", "--mode", "async", "--json")
+j = json.loads(out) if rc == 0 and out else {}
+gen = set(j.get("plan", {}).get("actor/generate", {}).get("devices", []))
+rest = {d for name, v in j.get("plan", {}).items() if name != "actor/generate" for d in v["devices"]}
+check(j.get("mode") == "async" and gen and not gen & rest and min(gen) == 32 - j.get("generation_gpus", 0) and
+      j.get("update_seconds", 0) > 0, f"search --mode async: generation on the last GPUs, apart ({err.strip()})")
+expect_error(["search", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--gpus", "8", "--response-len", "100",
+              "--mode", "lockstep"], "--mode 'lockstep' is not one of sync, async")
 with tempfile.TemporaryDirectory() as d:
     trace = os.path.join(d, "t.jsonl")
     with open(trace, "w") as f:
@@ -321,6 +330,15 @@ with tempfile.TemporaryDirectory() as d:
     check_perfetto(pf, 3)
     expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace, "--policy", "nereus,sometimes"],
                  "policy 'sometimes'")
+    # Async mode: two streams on the pool's halves, the update timed by the truth.
+    rc, out, err = run("simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--trace", trace,
+                       "--mode", "async", "--max-staleness", "2", "--json", "--timeline", tl)
+    j = json.loads(out) if rc == 0 and out else {}
+    check(j.get("mode") == "async" and j.get("max_staleness") == 2 and j.get("steps") == 40 and
+          j.get("mean_update_seconds", 0) > 0 and j.get("mean_generation_seconds", 0) > 0, f"simulate --mode async ({err.strip()})")
+    check(all("update_seconds" in json.loads(x) for x in open(tl)), "async timeline lines carry the streams and the update")
+    expect_error(["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-tiny", "--trace", trace, "--max-staleness", "2"],
+                 "--max-staleness is for async jobs")
     # Logs: the controller's decisions at info, one line each with its numbers; silent at
     # the default level; a bad level is one clear error.
     sim = ["simulate", "--cluster", "paper-cluster-2-a100", "--job", "ppo-llama-3.1-8b", "--trace", trace]

@@ -15,24 +15,7 @@
 using namespace nereus;
 using testing::error_of;
 using testing::has;
-
-namespace {
-
-ClusterSpec small_cluster(double memory_gib, int gpus_per_node) {
-  ClusterSpec c;
-  c.name = "test";
-  c.nodes = 4;
-  c.gpus_per_node = gpus_per_node;
-  c.gpu_memory_gib = memory_gib;
-  c.gpu_bf16_tflops = 100;
-  c.hbm_gbps = 1000;
-  c.intra_node_gbps = 100;
-  c.inter_node_gbps = 10;
-  c.nics_per_node = 1;
-  return c;
-}
-
-}  // namespace
+using testcase::small_cluster;
 
 TEST_CASE("planner: equal to exhaustive search on small cases, memory binding or not") {
   JobSpec ppo = testcase::tiny_ppo_job();

@@ -19,11 +19,13 @@ struct SearchArgs {
   int gpus = 0;
   double response_len = 0, response_p95 = 0;
   bool json = false, exhaustive = false;
+  std::string mode;
+  std::int64_t max_staleness = 0;
 };
 
 void run_search(const SearchArgs& a) {
   const ClusterSpec cluster = load_cluster(a.cluster);
-  const JobSpec job = load_job(a.job);
+  const JobSpec job = with_mode(load_job(a.job), a.mode, a.max_staleness);
   if (a.gpus < 1) throw Error("--gpus must be positive");
   if (a.gpus > cluster.gpus())
     throw Error("--gpus " + std::to_string(a.gpus) + " is more than the cluster's " + std::to_string(cluster.gpus()));
@@ -38,8 +40,17 @@ void run_search(const SearchArgs& a) {
                         {"decision_ms", c.decision_ms},
                         {"candidates", c.candidates},
                         {"frontier", c.frontier},
-                        {"gpus", a.gpus}};
+                        {"gpus", a.gpus},
+                        {"mode", job.async ? "async" : "sync"}};
     if (!c.feasible) j["reason"] = c.reason;
+    if (job.async && c.feasible) {
+      const PlanEstimate e = estimate_plan(model, job, c.plan, w);
+      j["max_staleness"] = job.max_staleness;
+      j["generation_gpus"] = c.generation_gpus;
+      j["generation_seconds"] = e.generation_seconds;
+      j["training_seconds"] = e.training_seconds;
+      j["update_seconds"] = e.update_seconds;
+    }
     auto plan = nlohmann::json::object();
     for (const PlannedStage& s : c.stages) {
       const CollectionSpec* spec = c.plan.find(s.model_stage);
@@ -61,6 +72,12 @@ void run_search(const SearchArgs& a) {
     std::cout << fmt::format("{} on {} GPUs of {}, responses of {:.0f} tokens\n", a.job, a.gpus, cluster.name, a.response_len);
     std::cout << fmt::format("predicted step {:.2f} s, peak {} per GPU, decided in {:.3f} ms ({} candidates, {} on frontiers)\n\n",
                              c.step_seconds, human_bytes(c.peak_memory_bytes), c.decision_ms, c.candidates, c.frontier);
+    if (job.async && !a.exhaustive) {
+      const PlanEstimate e = estimate_plan(model, job, c.plan, w);
+      std::cout << fmt::format("async (max_staleness {}): generation on the last {} GPUs {:.2f} s, training {:.2f} s, "
+                               "weight update {:.3f} s; the step is their period\n\n",
+                               job.max_staleness, c.generation_gpus, e.generation_seconds, e.training_seconds, e.update_seconds);
+    }
     for (const PlannedStage& s : c.stages)
       std::cout << fmt::format("{:<18} {:<22} dp={:<4}{} {:>8.2f} s  {}\n", s.model_stage, to_string(s.candidate.layout()),
                                s.candidate.dp, s.candidate.recompute ? " recompute" : "          ", s.seconds,
@@ -80,6 +97,8 @@ void add_search_command(CLI::App& app) {
   cmd->add_option("--response-len", a->response_len, "mean response length (tokens)")->required();
   cmd->add_option("--response-p95", a->response_p95, "95th percentile response length (default 1.2x the mean)");
   cmd->add_flag("--exhaustive", a->exhaustive, "try every combination instead (small cases only)");
+  cmd->add_option("--mode", a->mode, "sync | async: over the job file's mode (async: generation and training on GPUs apart)");
+  cmd->add_option("--max-staleness", a->max_staleness, "async: versions generation may run behind training (default the job's, 1)");
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->callback([a] { refusing_input([&] { run_search(*a); }); });
 }

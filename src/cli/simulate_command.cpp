@@ -23,6 +23,8 @@ struct SimulateArgs {
   long steps = 0;
   int profile_runs = 24;
   std::string transitions = "overlap";
+  std::string mode;
+  std::int64_t max_staleness = 0;
   bool json = false;
   bool quiet = false;
 };
@@ -33,7 +35,11 @@ void write_file(const std::string& path, const std::string& text, const char* fl
   if (!out) throw Error(std::string(flag) + ": cannot write '" + path + "'");
 }
 
-void print_run(const SimulateArgs& a, const std::string& policy, const SimulationResult& r) {
+void print_run(const SimulateArgs& a, const JobSpec& job, const std::string& policy, const SimulationResult& r) {
+  double update = 0, generation = 0, training = 0;  // async: means over the steps
+  for (const StepRecord& s : r.records)
+    update += s.update_seconds, generation += s.generation_seconds, training += s.training_seconds;
+  const double steps = std::max(1.0, double(r.records.size()));
   if (a.json) {
     auto eff = nlohmann::json::object();
     for (std::size_t c = 0; c < kOpClasses; ++c) eff[std::string(to_string(static_cast<OpClass>(c)))] = r.efficiency[c];
@@ -70,11 +76,21 @@ void print_run(const SimulateArgs& a, const std::string& policy, const Simulatio
                         {"calibration_max_ape", r.max_ape},
                         {"prior_mape", r.mape_prior},
                         {"efficiency", eff},
-                        {"decisions", decisions}};
+                        {"decisions", decisions},
+                        {"mode", job.async ? "async" : "sync"}};
+    if (job.async) {
+      j["max_staleness"] = job.max_staleness;
+      j["mean_generation_seconds"] = generation / steps;
+      j["mean_training_seconds"] = training / steps;
+      j["mean_update_seconds"] = update / steps;
+    }
     std::cout << j.dump() << "\n";
   } else {
     std::cout << fmt::format("{} steps, policy {}: mean {:.3f} s/step ({:.3f} s computing), total {:.1f} s\n", r.steps, policy,
                              r.mean_step_seconds, r.mean_compute_seconds, r.total_seconds);
+    if (job.async)
+      std::cout << fmt::format("async (max_staleness {}): per step generation {:.3f} s, training {:.3f} s, weight update {:.3f} s\n",
+                               job.max_staleness, generation / steps, training / steps, update / steps);
     std::cout << fmt::format("{} transitions, {:.2f} s, {:.2f} s exposed ({:.3f}% of the run); {} replans\n", r.transitions,
                              r.transition_seconds, r.exposed_transition_seconds,
                              100 * r.exposed_transition_seconds / std::max(1e-9, r.total_seconds), r.replans);
@@ -105,7 +121,7 @@ std::vector<std::string> policies_of(const std::string& text) {
 void run_simulate(const SimulateArgs& a) {
   const std::vector<std::string> policies = policies_of(a.policy);
   const ClusterSpec cluster = load_cluster(a.cluster);
-  const JobSpec job = load_job(a.job);
+  const JobSpec job = with_mode(load_job(a.job), a.mode, a.max_staleness);
   std::vector<TraceStep> trace = load_trace(a.trace);
   if (a.steps > 0 && static_cast<std::size_t>(a.steps) < trace.size()) trace.resize(static_cast<std::size_t>(a.steps));
   std::vector<PolicyRun> runs;
@@ -130,7 +146,7 @@ void run_simulate(const SimulateArgs& a) {
     write_file(a.plot, plot_svg(runs, fmt::format("{} · {} · {} · {}", job.models[0].second->name(), cluster.name, a.trace, a.policy)),
                "--plot");
   if (!a.perfetto.empty()) write_file(a.perfetto, perfetto_json(runs), "--perfetto");
-  for (const PolicyRun& run : runs) print_run(a, run.policy, run.result);
+  for (const PolicyRun& run : runs) print_run(a, job, run.policy, run.result);
 }
 
 }  // namespace
@@ -152,6 +168,9 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--transitions", a->transitions,
                   "overlap: beside the steps, as the job runtime runs them (default); boundary: between steps, all exposed")
       ->check(CLI::IsMember({"overlap", "boundary"}));
+  cmd->add_option("--mode", a->mode,
+                  "sync | async, over the job file's mode (async: generation and training run as two streams on GPUs apart)");
+  cmd->add_option("--max-staleness", a->max_staleness, "async: versions generation may run behind training (default the job's, 1)");
   cmd->add_option("--timeline", a->timeline, "write one JSON object per step to FILE");
   cmd->add_option("--plot", a->plot, "write an SVG plot of step latency per policy, transitions, failures and GPU pool to FILE");
   cmd->add_option("--perfetto", a->perfetto, "write a Perfetto timeline (steps, transitions, failures, decisions) to FILE");

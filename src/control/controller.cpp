@@ -34,6 +34,9 @@ Controller::Controller(const JobSpec& job, const ClusterSpec& cluster, Controlle
     : job_(job), cluster_(cluster), options_(options), model_(cluster) {
   if (options_.gamma <= 0) throw Error("gamma must be positive");
   if (options_.delta <= 0) throw Error("delta must be positive");
+  // An async job's plan changes drain both streams (decide() charges the drain): none
+  // runs beside the steps.
+  if (job_.async) options_.beside_steps = false;
 }
 
 Workload Controller::workload(const Signals& s) const {
@@ -171,29 +174,49 @@ double Controller::exposed_seconds(const GlobalPlan& from, const GlobalPlan& to,
 }
 
 GlobalPlan Controller::rescale(const GlobalPlan& current, int gpus) const {
-  // Keep every stage's TP and PP; give each stage its old share of its phase's GPUs.
+  // Keep every stage's TP and PP; give each stage its old share of its phase's GPUs. An
+  // async job first splits the pool between generation and the rest as the plan did.
   std::vector<PlannedStage> stages;
   const std::int64_t seqs = job_.prompts_per_step * job_.samples_per_prompt;
-  for (const auto& phase : job_.phases()) {
+  const auto phases = job_.phases();
+  std::vector<int> totals;
+  for (const auto& phase : phases) {
     int total = 0;
     for (const ModelStage& s : phase) total += current.find(s.name())->layout.size() * current.find(s.name())->dp;
-    for (const ModelStage& s : phase) {
+    totals.push_back(total);
+  }
+  int generation = 0;  // async: GPUs of the generation half
+  if (job_.async && gpus > 1) {
+    const int rest = *std::max_element(totals.begin() + 1, totals.end());
+    generation = std::clamp(static_cast<int>(std::lround(double(gpus) * totals[0] / std::max(1, totals[0] + rest))), 1, gpus - 1);
+  }
+  for (std::size_t p = 0; p < phases.size(); ++p) {
+    const int pool = generation == 0 ? gpus : p == 0 ? generation : gpus - generation;
+    for (const ModelStage& s : phases[p]) {
       const CollectionSpec& spec = *current.find(s.name());
       const int unit = spec.layout.size();
-      const int share = std::max(unit, unit * spec.dp * gpus / std::max(1, total));
+      const int share = std::max(unit, unit * spec.dp * pool / std::max(1, totals[p]));
       int dp = 1;
       for (int d = 1; unit * d <= share; ++d)
         if (seqs % d == 0) dp = d;
       stages.push_back({s.name(), {spec.layout.tp, spec.layout.pp, dp, false, spec.layout.ep, spec.layout.etp, spec.layout.fsdp}, 0, {}});
     }
   }
-  GlobalPlan p = place(job_, stages, representation_of(current));
-  // Never a unit outside the pool: when a phase's units need more GPUs than there are,
-  // the later ones wrap onto GPUs that earlier ones use and run after them. Blocks are
-  // aligned to their unit size, so a wrapped TP group stays inside a node.
-  for (auto& [name, spec] : p.stages)
-    if (spec.layout.size() <= gpus)
-      for (DeviceId& d : spec.devices) d %= gpus;
+  const int base = gpus - generation;  // async: where generation starts
+  GlobalPlan p = place(job_, stages, representation_of(current), generation > 0 ? base : 0);
+  // Never a unit outside the pool (async: outside its half): when a phase's units need
+  // more GPUs than there are, the later ones wrap onto GPUs that earlier ones use and run
+  // after them. Blocks are aligned to their unit size, so a wrapped TP group stays inside
+  // a node.
+  for (auto& entry : p.stages) {
+    const std::string& name = entry.first;
+    CollectionSpec& spec = entry.second;
+    const bool gen = generation > 0 && std::any_of(phases[0].begin(), phases[0].end(),
+                                                   [&](const ModelStage& s) { return s.name() == name; });
+    const int pool = generation == 0 ? gpus : gen ? generation : base;
+    if (spec.layout.size() <= pool)
+      for (DeviceId& d : spec.devices) d = gen ? base + (d - base) % pool : d % pool;
+  }
   return p;
 }
 
@@ -408,7 +431,12 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     const double gain = d.current_seconds - o.seconds;
     // Beside the steps, a transition costs the steps only what they wait for it.
     double cost = g.summary.l_tran_seconds;
-    if (options_.beside_steps && !d.urgent) {
+    if (job_.async && !d.urgent) {
+      // An async job changes plan with both streams drained: besides L_tran, the first
+      // step on the new plan runs generation and training one after the other.
+      const PlanEstimate e = estimate_plan(model_, job_, o.plan, w, options_.headroom);
+      cost += std::max(0.0, e.generation_seconds + e.training_seconds + e.update_seconds - e.step_seconds);
+    } else if (options_.beside_steps && !d.urgent) {
       if (!lead) lead = generation_lead(current, w);
       cost = wait_for(o.plan, g, w, *lead);
     }
@@ -424,7 +452,8 @@ Decision Controller::decide(const Signals& s, const GlobalPlan& current) {
     if (!admit) {
       char buf[200];
       std::snprintf(buf, sizeof buf, "gain %.3f s per step does not pay back %s %.3f s within %g x %.1f steps", gain,
-                    options_.beside_steps ? "its predicted wait" : "L_tran", cost, options_.gamma, d.horizon_steps);
+                    job_.async ? "L_tran and the drain" : options_.beside_steps ? "its predicted wait" : "L_tran", cost,
+                    options_.gamma, d.horizon_steps);
       refuse(o, buf);  // a slower candidate may still pay back with a cheaper transition
       return false;
     }

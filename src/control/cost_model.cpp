@@ -365,6 +365,24 @@ StageOps CostModel::work(const ModelStage& stage, const Candidate& c, const Work
   return out;
 }
 
+StageOps CostModel::weight_update(const ModelStage& generation, const Candidate& g, const Candidate& train,
+                                  bool inside, const Workload& w) const {
+  const Shape m(generation.model->config());
+  const ClusterSpec& k = cluster_;
+  const double bw = inside ? k.intra_node_gbps * 1e9
+                           : k.inter_node_gbps * 1e9 * k.nics_per_node / k.gpus_per_node / std::max(1.0, w.link_slowdown);
+  // The busiest receiver takes its GPU's shard; the senders share every replica's copy
+  // (each unit of the generation stage receives the whole model once).
+  const double receive = m.busiest_elements(g) * 2.0;
+  const double send = m.params() * 2.0 * g.dp / std::max(1, train.gpus());
+  StageOps out;
+  out.ideal[static_cast<std::size_t>(inside ? OpClass::p2p_intra : OpClass::p2p_inter)] = std::max(receive, send) / bw;
+  // A transfer per tensor a receiver holds: about ten per layer.
+  out.ideal[static_cast<std::size_t>(inside ? OpClass::latency_intra : OpClass::latency_inter)] =
+      10.0 * std::ceil(m.L / g.pp) * (inside ? kIntraLatency : kInterLatency);
+  return out;
+}
+
 StageMemory CostModel::memory(const ModelStage& stage, const Candidate& c, const Workload& w) const {
   const Shape m(stage.model->config());
   const double B = std::ceil(static_cast<double>(w.sequences) / c.dp);

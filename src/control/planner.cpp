@@ -93,6 +93,15 @@ int granularity_of(const PlannerOptions& o, int gpus, int gpus_per_node) {
   return gpus > 64 ? gpus_per_node : 1;
 }
 
+/// A stage's memory; in an async job a generation GPU also holds the staged next version
+/// of its params while an update is in flight.
+StageMemory staged_memory(const CostModel& model, const ModelStage& stage, const Candidate& c, const Workload& w,
+                          bool async) {
+  StageMemory m = model.memory(stage, c, w);
+  if (async && stage.kind == StageKind::generate) m.resident *= 2;
+  return m;
+}
+
 /// A stage's candidates evaluated, keeping those that fit a GPU on their own.
 struct Evaluated {
   std::vector<Candidate> candidates;
@@ -100,10 +109,10 @@ struct Evaluated {
 };
 
 Evaluated evaluate(const CostModel& model, const ModelStage& stage, int gpus, const Workload& w,
-                   const PlannerOptions& o, double budget) {
+                   const PlannerOptions& o, double budget, bool async) {
   Evaluated e;
   for (const Candidate& c : stage_candidates(stage, gpus, model.cluster(), w.sequences, o)) {
-    const StageMemory m = model.memory(stage, c, w);
+    const StageMemory m = staged_memory(model, stage, c, w, async);
     if (static_cast<double>(m.resident + m.transient) > budget) continue;
     e.points.push_back({model.seconds(stage, c, w), static_cast<double>(m.resident), static_cast<double>(m.transient),
                         c.gpus(), static_cast<int>(e.candidates.size())});
@@ -170,7 +179,7 @@ std::map<std::string, Representation> representation_of(const GlobalPlan& plan) 
 }
 
 GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages,
-                 const std::map<std::string, Representation>& representation) {
+                 const std::map<std::string, Representation>& representation, int generation_at) {
   std::map<std::string, CollectionSpec> specs;
   for (const auto& phase : job.phases()) {
     std::vector<const PlannedStage*> in;
@@ -180,7 +189,7 @@ GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages,
     std::stable_sort(in.begin(), in.end(), [](const PlannedStage* a, const PlannedStage* b) {
       return a->candidate.unit() > b->candidate.unit();
     });
-    int offset = 0;
+    int offset = !phase.empty() && phase.front().kind == StageKind::generate ? generation_at : 0;
     for (const PlannedStage* p : in) {
       CollectionSpec spec;
       spec.layout = p->candidate.layout();
@@ -201,21 +210,22 @@ GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages,
 
 namespace {
 
-/// plan_job's search. With `frontier`, the fast path is skipped and every plan of the
-/// final Pareto set (time, resident, transient) is written there, fastest first.
-PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Workload& w, const PlannerOptions& o,
-                 std::vector<PlanChoice>* frontier) {
+/// plan_job's search over `phases` (the job's, or an async job's half). With `frontier`,
+/// the fast path is skipped and every plan of the final Pareto set (time, resident,
+/// transient) is written there, fastest first. With `place_plan` false, choices have no
+/// plan (an async half: the caller places both halves together).
+PlanChoice solve(const CostModel& model, const JobSpec& job, const std::vector<std::vector<ModelStage>>& phases, int gpus,
+                 const Workload& w, const PlannerOptions& o, std::vector<PlanChoice>* frontier, bool place_plan = true) {
   const auto t0 = std::chrono::steady_clock::now();
   if (gpus < 1) throw Error("plan: the pool has no GPUs");
   PlanChoice out;
   const double budget = static_cast<double>(model.budget(o.headroom));
-  const auto phases = job.phases();
   // Per stage: evaluated candidates and their frontier.
   std::vector<std::vector<Evaluated>> evals(phases.size());
   std::vector<std::vector<std::vector<Point>>> fronts(phases.size());
   for (std::size_t p = 0; p < phases.size(); ++p)
     for (const ModelStage& s : phases[p]) {
-      evals[p].push_back(evaluate(model, s, gpus, w, o, budget));
+      evals[p].push_back(evaluate(model, s, gpus, w, o, budget, job.async));
       out.candidates += evals[p].back().candidates.size();
       std::vector<Point> points = evals[p].back().points;
       fronts[p].push_back(pareto(points, true));
@@ -281,7 +291,7 @@ PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Wor
         for (std::size_t k = 0; k < phases[p].size(); ++k, ++at) {
           const Point& f = fronts[p][k][pick[at].second];
           const Candidate& cand = evals[p][k].candidates[static_cast<std::size_t>(f.a)];
-          out.stages.push_back({phases[p][k].name(), cand, f.t, model.memory(phases[p][k], cand, w)});
+          out.stages.push_back({phases[p][k].name(), cand, f.t, staged_memory(model, phases[p][k], cand, w, job.async)});
         }
       std::vector<PlannedStage> ordered;
       for (const ModelStage& s : model_stages(job))
@@ -292,7 +302,7 @@ PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Wor
       out.fast_path = true;
       out.step_seconds = total;
       out.peak_memory_bytes = static_cast<std::uint64_t>(resident + transient) + model.overhead_bytes();
-      out.plan = place(job, out.stages, o.representation);
+      if (place_plan) out.plan = place(job, out.stages, o.representation);
       out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       return out;
     }
@@ -383,7 +393,7 @@ PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Wor
         const Evaluated& e = evals[p][k];
         const Candidate& cand = e.candidates[static_cast<std::size_t>(f.a)];
         const ModelStage& st = phases[p][k];
-        chosen.push_back({st.name(), cand, f.t, model.memory(st, cand, w)});
+        chosen.push_back({st.name(), cand, f.t, staged_memory(model, st, cand, w, job.async)});
         idx = lv.a;
       }
     }
@@ -393,7 +403,7 @@ PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Wor
     c.feasible = true;
     c.step_seconds = chain.back()[point].t;
     c.peak_memory_bytes = static_cast<std::uint64_t>(chain.back()[point].r + chain.back()[point].x) + model.overhead_bytes();
-    c.plan = place(job, c.stages, o.representation);
+    if (place_plan) c.plan = place(job, c.stages, o.representation);
     c.candidates = out.candidates;
     c.frontier = out.frontier;
     return c;
@@ -414,16 +424,131 @@ PlanChoice solve(const CostModel& model, const JobSpec& job, int gpus, const Wor
   return out;
 }
 
+/// Splits of an async job's pool: G GPUs for generation, powers of two below a node (a
+/// node's size is one too, so the other half stays aligned) and whole nodes; above 32
+/// nodes, every ⌈nodes/32⌉-th node count (keeps a replan's searches to about 40).
+std::vector<int> async_splits(int gpus, int gpn) {
+  std::vector<int> out;
+  for (int g = 1; g < std::min(gpus, gpn); g *= 2) out.push_back(g);
+  const int nodes = gpus / gpn, stride = std::max(1, (nodes + 31) / 32);
+  for (int n = 1; n * gpn < gpus; n += (n < 8 ? 1 : stride)) out.push_back(n * gpn);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  // Generation sits on the last g GPUs: its blocks start aligned to their size.
+  std::erase_if(out, [&](int g) { return (gpus - g) % std::min(g, gpn) != 0; });
+  return out;
+}
+
+/// Whether every GPU of `plan` is in one node (an update then runs over NVLink).
+bool in_one_node(const GlobalPlan& plan, int gpn) {
+  const std::vector<DeviceId> d = plan.devices();
+  return d.empty() || d.front() / gpn == d.back() / gpn;
+}
+
+/// An async step's weight update: the slowest of each generation stage's copy from its
+/// role's training stage (the stages' candidates in `stages`).
+double update_seconds(const CostModel& model, const JobSpec& job, const std::vector<PlannedStage>& stages, bool inside,
+                      const Workload& w) {
+  const std::vector<ModelStage> all = model_stages(job);
+  auto find = [&](const std::string& name) -> const ModelStage& {
+    return *std::find_if(all.begin(), all.end(), [&](const ModelStage& s) { return s.name() == name; });
+  };
+  double update = 0;
+  for (const PlannedStage& g : stages)
+    for (const PlannedStage& t : stages) {
+      const ModelStage& gs = find(g.model_stage);
+      const ModelStage& ts = find(t.model_stage);
+      if (gs.kind == StageKind::generate && ts.kind == StageKind::train && gs.role == ts.role)
+        update = std::max(update, model.weight_update(gs, g.candidate, t.candidate, inside, w).seconds(model.efficiency()));
+    }
+  return update;
+}
+
+/// plan_job for an async job: each split's halves searched apart (the update's time is
+/// added after: it couples the halves only through the generation layout's shard and the
+/// training GPUs' count, and is small beside the stages; plan-property checks the choice
+/// against a brute force over both halves together).
+PlanChoice solve_async(const CostModel& model, const JobSpec& job, int gpus, const Workload& w, const PlannerOptions& o,
+                       std::vector<PlanChoice>* frontier) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (gpus < 1) throw Error("plan: the pool has no GPUs");
+  PlanChoice out;
+  const auto phases = job.phases();
+  if (gpus < 2) {
+    out.reason = "an async job runs generation and training on GPUs apart: it needs at least 2, the pool has 1";
+    return out;
+  }
+  const std::vector<std::vector<ModelStage>> generation(phases.begin(), phases.begin() + 1);
+  const std::vector<std::vector<ModelStage>> rest(phases.begin() + 1, phases.end());
+  const int gpn = model.cluster().gpus_per_node;
+  std::vector<PlanChoice> found;
+  std::vector<double> cycle;  // per found: g + r + u, the tie-breaker
+  std::size_t candidates = 0, kept = 0;
+  std::string reason;
+  for (int g : async_splits(gpus, gpn)) {
+    PlanChoice a = solve(model, job, generation, g, w, o, nullptr, false);
+    PlanChoice b = solve(model, job, rest, gpus - g, w, o, nullptr, false);
+    candidates += a.candidates + b.candidates;
+    kept += a.frontier + b.frontier;
+    if (!a.feasible || !b.feasible) {
+      reason = "with " + std::to_string(g) + " of " + std::to_string(gpus) + " GPUs for generation, " +
+               (a.feasible ? b.reason : a.reason);
+      continue;
+    }
+    PlanChoice c;
+    c.feasible = true;
+    c.generation_gpus = g;
+    for (const ModelStage& s : model_stages(job))
+      for (const PlanChoice* half : {&a, &b})
+        for (const PlannedStage& x : half->stages)
+          if (x.model_stage == s.name()) c.stages.push_back(x);
+    c.plan = place(job, c.stages, o.representation, gpus - g);
+    const double u = update_seconds(model, job, c.stages, in_one_node(c.plan, gpn), w);
+    c.step_seconds = async_step_seconds(a.step_seconds, b.step_seconds, u, job.max_staleness);
+    cycle.push_back(a.step_seconds + b.step_seconds + u);
+    c.peak_memory_bytes = std::max(a.peak_memory_bytes, b.peak_memory_bytes);
+    found.push_back(std::move(c));
+  }
+  if (found.empty()) {
+    out.reason = "no split of " + std::to_string(gpus) + " GPUs between generation and training fits: " + reason;
+    out.candidates = candidates;
+    out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+  // Fastest first; among equal periods, the shorter cycle through both streams (a stream
+  // that waits less leaves room for the other's variation).
+  std::vector<std::size_t> order(found.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return std::tie(found[x].step_seconds, cycle[x]) < std::tie(found[y].step_seconds, cycle[y]);
+  });
+  std::vector<PlanChoice> sorted;
+  for (std::size_t i : order) sorted.push_back(std::move(found[i]));
+  found = std::move(sorted);
+  for (PlanChoice& c : found) c.candidates = candidates, c.frontier = kept;
+  out = found.front();
+  out.decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (frontier) *frontier = std::move(found);
+  return out;
+}
+
 }  // namespace
 
+double async_step_seconds(double generation, double rest, double update, std::int64_t max_staleness) {
+  const double cycle = (generation + rest + update) / static_cast<double>(std::max<std::int64_t>(1, max_staleness) + 1);
+  return std::max({generation, rest + update, cycle});
+}
+
 PlanChoice plan_job(const CostModel& model, const JobSpec& job, int gpus, const Workload& w, const PlannerOptions& o) {
-  return solve(model, job, gpus, w, o, nullptr);
+  if (job.async) return solve_async(model, job, gpus, w, o, nullptr);
+  return solve(model, job, job.phases(), gpus, w, o, nullptr);
 }
 
 std::vector<PlanChoice> plan_frontier(const CostModel& model, const JobSpec& job, int gpus, const Workload& w,
                                       const PlannerOptions& o) {
   std::vector<PlanChoice> out;
-  solve(model, job, gpus, w, o, &out);
+  if (job.async) solve_async(model, job, gpus, w, o, &out);
+  else solve(model, job, job.phases(), gpus, w, o, &out);
   return out;
 }
 
@@ -433,28 +558,55 @@ PlanChoice plan_job_exhaustive(const CostModel& model, const JobSpec& job, int g
   const auto phases = job.phases();
   std::vector<std::vector<Evaluated>> evals(phases.size());
   for (std::size_t p = 0; p < phases.size(); ++p)
-    for (const ModelStage& s : phases[p]) evals[p].push_back(evaluate(model, s, gpus, w, o, budget));
-  // Every combination, phase by phase, with the same rules as plan_job.
+    for (const ModelStage& s : phases[p]) evals[p].push_back(evaluate(model, s, gpus, w, o, budget, job.async));
+  // Every combination, phase by phase, with the same rules as plan_job; an async job's
+  // under each split, both halves and the update together.
+  const std::vector<int> splits = job.async ? async_splits(gpus, model.cluster().gpus_per_node) : std::vector<int>{0};
   std::vector<std::size_t> pick;
   std::vector<std::size_t> best_pick;
   double best = std::numeric_limits<double>::infinity();
   std::vector<std::pair<std::size_t, std::size_t>> order;  // (phase, stage)
   for (std::size_t p = 0; p < phases.size(); ++p)
     for (std::size_t k = 0; k < phases[p].size(); ++k) order.emplace_back(p, k);
+  int split = 0;
   std::function<void(std::size_t)> go = [&](std::size_t i) {
     if (i == order.size()) {
-      double t = 0, r = 0, x = 0;
+      if (!job.async) {
+        double t = 0, r = 0, x = 0;
+        for (std::size_t p = 0, at = 0; p < phases.size(); ++p) {
+          double pt = 0, pr = 0;
+          int g = 0;
+          for (std::size_t k = 0; k < phases[p].size(); ++k, ++at) {
+            const Point& q = evals[p][k].points[pick[at]];
+            pt = std::max(pt, q.t), pr = std::max(pr, q.r), x = std::max(x, q.x), g += q.g;
+          }
+          if (g > gpus) return;
+          t += pt, r += pr;
+        }
+        if (r + x <= budget && t < best) best = t, best_pick = pick;
+        return;
+      }
+      // Async: generation (phase 0) on `split` GPUs, the rest on the others; memory per half.
+      double tg = 0, tr = 0, r = 0, x = 0;
+      std::vector<PlannedStage> chosen;
       for (std::size_t p = 0, at = 0; p < phases.size(); ++p) {
         double pt = 0, pr = 0;
         int g = 0;
         for (std::size_t k = 0; k < phases[p].size(); ++k, ++at) {
           const Point& q = evals[p][k].points[pick[at]];
-          pt = std::max(pt, q.t), pr = std::max(pr, q.r), x = std::max(x, q.x), g += q.g;
+          pt = std::max(pt, q.t), pr = std::max(pr, q.r), g += q.g;
+          chosen.push_back({phases[p][k].name(), evals[p][k].candidates[pick[at]], q.t, {}});
+          if (p == 0 && q.r + q.x > budget) return;
+          if (p > 0) x = std::max(x, q.x);
         }
-        if (g > gpus) return;
-        t += pt, r += pr;
+        if (g > (p == 0 ? split : gpus - split)) return;
+        if (p == 0) tg = pt;
+        else tr += pt, r += pr;
       }
-      if (r + x <= budget && t < best) best = t, best_pick = pick;
+      if (r + x > budget) return;
+      const double t = async_step_seconds(
+          tg, tr, update_seconds(model, job, chosen, gpus <= model.cluster().gpus_per_node, w), job.max_staleness);
+      if (t < best) best = t, best_pick = pick;
       return;
     }
     const auto [p, k] = order[i];
@@ -464,7 +616,10 @@ PlanChoice plan_job_exhaustive(const CostModel& model, const JobSpec& job, int g
       pick.pop_back();
     }
   };
-  go(0);
+  for (int g : splits) {
+    split = g;
+    go(0);
+  }
   PlanChoice out;
   if (best_pick.empty()) {
     out.reason = "no combination fits";
@@ -479,6 +634,40 @@ PlanChoice plan_job_exhaustive(const CostModel& model, const JobSpec& job, int g
   out.step_seconds = best;
   return out;
 }
+
+namespace {
+
+/// estimate_plan's async step: the generation stream (its stages side by side), the rest
+/// on the overlap graph without generation, and the update between them; a GPU shared by
+/// a generation and a training stage makes the plan one the async runtime refuses.
+void async_estimate(const CostModel& model, const JobSpec& job, const GlobalPlan& plan, const OverlapGraph& og,
+                    const Workload& w, PlanEstimate& e) {
+  std::vector<double> rest = e.stage_seconds;
+  std::vector<PlannedStage> stages;
+  const bool inside = in_one_node(plan, model.cluster().gpus_per_node);
+  for (std::size_t i = 0; i < og.stages.size(); ++i) {
+    const ModelStage& s = og.stages[i];
+    const CollectionSpec& spec = *plan.find(s.name());
+    stages.push_back({s.name(), candidate_of(spec, e.recompute && s.kind == StageKind::train), e.stage_seconds[i], {}});
+    if (s.kind != StageKind::generate) continue;
+    e.generation_seconds = std::max(e.generation_seconds, e.stage_seconds[i]);
+    rest[i] = 0;
+    for (std::size_t j = 0; j < og.stages.size() && e.refusal.empty(); ++j) {
+      if (og.stages[j].kind != StageKind::train) continue;
+      for (DeviceId d : plan.find(og.stages[j].name())->devices)
+        if (std::find(spec.devices.begin(), spec.devices.end(), d) != spec.devices.end()) {
+          e.refusal = s.name() + " and " + og.stages[j].name() + " share GPU " + std::to_string(d) +
+                      ": an async job runs generation and training on GPUs apart";
+          break;
+        }
+    }
+  }
+  e.training_seconds = og.step_seconds(rest);
+  e.update_seconds = update_seconds(model, job, stages, inside, w);
+  e.step_seconds = async_step_seconds(e.generation_seconds, e.training_seconds, e.update_seconds, job.max_staleness);
+}
+
+}  // namespace
 
 PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const GlobalPlan& plan, const Workload& w,
                            double headroom) {
@@ -495,7 +684,7 @@ PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const Glo
       if (!spec) throw Error("estimate: the plan has no layout for '" + s.name() + "'");
       const Candidate c = candidate_of(*spec, re && s.kind == StageKind::train);
       e.stage_seconds.push_back(model.seconds(s, c, w));
-      const StageMemory m = model.memory(s, c, w);
+      const StageMemory m = staged_memory(model, s, c, w, job.async);
       for (DeviceId d : spec->devices) {
         resident[d] += m.resident;
         if (working[d].empty() || m.transient > transient[d]) working[d] = s.name();
@@ -503,6 +692,7 @@ PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const Glo
       }
     }
     e.step_seconds = og.step_seconds(e.stage_seconds);
+    if (job.async) async_estimate(model, job, plan, og, w, e);
     for (const auto& [d, r] : resident)
       if (e.peak_device < 0 || r + transient[d] > e.peak_memory_bytes) {
         e.peak_memory_bytes = r + transient[d];
@@ -511,7 +701,7 @@ PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const Glo
       }
     e.peak_memory_bytes += model.overhead_bytes();
     e.budget_bytes = model.budget(headroom) + model.overhead_bytes();
-    e.fits = e.peak_memory_bytes <= e.budget_bytes;
+    e.fits = e.peak_memory_bytes <= e.budget_bytes && e.refusal.empty();
     if (!re || !best.fits) best = e;
     if (best.fits) break;
   }

@@ -97,6 +97,19 @@ JobSpec parse_job(std::string_view text, std::string_view origin) {
 
 JobSpec load_job(std::string_view arg) { return parse_job(read_file_or_preset(PresetKind::job, arg, "job"), arg); }
 
+JobSpec with_mode(JobSpec job, std::string_view mode, std::int64_t max_staleness) {
+  if (!mode.empty() && mode != "sync" && mode != "async")
+    throw Error("--mode '" + std::string(mode) + "' is not one of sync, async");
+  if (!mode.empty()) job.async = mode == "async";
+  if (max_staleness < 0) throw Error("--max-staleness must be at least 1");
+  if (max_staleness > 0) {
+    if (!job.async) throw Error("--max-staleness is for async jobs (--mode async, or \"mode\": \"async\" in the job)");
+    job.max_staleness = max_staleness;
+  }
+  if (!job.async) job.max_staleness = 1;
+  return job;
+}
+
 std::shared_ptr<const ModelSpec> JobSpec::model(std::string_view role) const {
   for (const auto& [r, m] : models)
     if (r == role) return m;

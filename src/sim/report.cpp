@@ -26,6 +26,11 @@ std::string timeline_jsonl(const SimulationResult& r, const std::string& policy)
                         {"failed", s.failed},
                         {"oom", s.oom},
                         {"plan", s.plan}};
+    if (s.update_seconds > 0 || s.generation_seconds > 0) {  // async
+      j["generation_seconds"] = s.generation_seconds;
+      j["training_seconds"] = s.training_seconds;
+      j["update_seconds"] = s.update_seconds;
+    }
     if (s.failed) {
       j["failure"] = s.failure;
       j["failure_seconds"] = s.failure_seconds;

@@ -12,6 +12,7 @@
 
 #include "nereus/base/error.hpp"
 #include "nereus/plan/overlap.hpp"
+#include "nereus/plan/primitives.hpp"
 #include "nereus/sim/truth.hpp"
 
 namespace nereus {
@@ -55,6 +56,8 @@ struct StepRun {
   double seconds = 0;                 ///< critical path, waits for transitions included
   double unhindered_seconds = 0;      ///< the same without waiting for transitions
   double generation_done = 0;         ///< when the last generation stage finished
+  /// Async jobs: the generation stream's seconds, and the other stages' critical path.
+  double generation_seconds = 0, rest_seconds = 0;
   std::uint64_t peak = 0;             ///< busiest GPU (KV cache as far as it is used)
   std::uint64_t resident_max = 0;     ///< most state one GPU holds (what a reload reads)
   bool failed = false, oom = false;
@@ -64,6 +67,8 @@ struct StepRun {
 
 StepRun run_step(GroundTruth& truth, const JobSpec& job, const GlobalPlan& plan, const TruthLoad& load, int gpus,
                  bool recompute, const std::map<std::string, double>& release = {}) {
+  // An async job's generation GPUs also hold the next version while it is staged.
+  const bool staged = job.async;
   StepRun r;
   const OverlapGraph og = overlap_graph(job, plan);
   const std::size_t n = og.stages.size();
@@ -79,7 +84,7 @@ StepRun run_step(GroundTruth& truth, const JobSpec& job, const GlobalPlan& plan,
     mem[i] = truth.memory(s.model->config(), s.kind, layouts[i], load);
     for (DeviceId d : spec.devices) {
       if (d >= gpus && fail[i].empty()) fail[i] = "needs GPU " + std::to_string(d) + ", outside the pool of " + std::to_string(gpus);
-      resident[d] += mem[i].resident;
+      resident[d] += mem[i].resident * (staged && s.kind == StageKind::generate ? 2 : 1);
       working[d] = std::max(working[d], mem[i].working);
     }
   }
@@ -130,7 +135,43 @@ StepRun run_step(GroundTruth& truth, const JobSpec& job, const GlobalPlan& plan,
     r.unhindered_seconds = std::max(r.unhindered_seconds, free_finish[i]);
     if (og.phase[i] == 0) r.generation_done = std::max(r.generation_done, free_finish[i]);
   }
+  // The streams apart: generation's stages side by side, the rest without generation.
+  std::vector<double> rest_finish(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (og.phase[i] == 0) {
+      r.generation_seconds = std::max(r.generation_seconds, r.stage_seconds[i]);
+      continue;
+    }
+    double start = 0;
+    for (int p : og.after[i]) start = std::max(start, rest_finish[std::size_t(p)]);
+    rest_finish[i] = start + r.stage_seconds[i];
+    r.rest_seconds = std::max(r.rest_seconds, rest_finish[i]);
+  }
   return r;
+}
+
+/// An async job's weight update on `plan`, as the planner moves it: each generation
+/// stage's params from its role's training stage, summed per sender and receiver.
+std::vector<TruthFlow> update_flows(const JobSpec& job, const GlobalPlan& plan) {
+  const std::vector<Collection> collections = plan_collections(job, plan);
+  std::map<std::pair<int, int>, TruthFlow> pairs;
+  for (const Collection& gen : collections) {
+    if (!gen.model_stage.ends_with("/generate")) continue;
+    for (const Collection& train : collections) {
+      if (!train.train || role_of(train.model_stage) != role_of(gen.model_stage)) continue;
+      const ReshardPlan moves = compile(train, sync_target(train, gen));
+      for (const Transfer& t : moves.transfers()) {
+        if (t.local()) continue;
+        TruthFlow& f = pairs[{t.src, t.dst}];
+        f.src = t.src, f.dst = t.dst;
+        f.bytes += t.bytes;
+        ++f.messages;
+      }
+    }
+  }
+  std::vector<TruthFlow> out;
+  for (const auto& [key, f] : pairs) out.push_back(f);
+  return out;
 }
 
 /// One stage alone on its GPUs (profiling, held-out checks): its measured seconds, or 0
@@ -231,6 +272,12 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
   std::vector<double> decision_ms;
   StepRun previous;
   double compute = 0;
+  // Async jobs: the two streams across steps, in seconds from the run's start: when the
+  // generation stream is free, and per step when training ended and its update landed.
+  double generation_free = 0;
+  std::vector<double> trained, updated;
+  std::string flows_of;  // the plan `flows` were made for
+  std::vector<TruthFlow> flows;
   for (std::size_t k = 0; k < trace.size(); ++k) {
     StepRecord rec;
     rec.step = trace[k].step;
@@ -250,9 +297,10 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
       }
       if (d.admitted) {
         const TransitionGraph g = mover.transition(plan, d.target, seen);
-        if (d.urgent || !options.overlap) {
-          // The current plan cannot run this step (or transitions run at boundaries): the
-          // transition runs first, in the open.
+        if (d.urgent || !options.overlap || job.async) {
+          // The current plan cannot run this step (or transitions run at boundaries, or
+          // the job is async and drains both streams for it): the transition runs first,
+          // in the open.
           rec.transition_seconds = rec.exposed_seconds = before = g.summary.l_tran_seconds;
         } else {
           BesideSteps beside =
@@ -273,6 +321,7 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
     StepRun run = run_step(truth, job, plan, load, trace[k].gpus, recompute, release);
     rec.exposed_seconds += run.seconds - run.unhindered_seconds;
     double seconds = run.seconds;
+    double own = 0;  // the step's own run time (no waits, no failure)
     if (run.failed) {
       // Restart from the checkpoint onto a plan that fits: recomputation first, then the
       // planner's plan for the pool present; the step runs again there. Never calibrates.
@@ -298,12 +347,12 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
       }
       rec.failure_seconds = lost;
       seconds = again.failed ? lost : lost + again.seconds;
-      compute += again.failed ? 0 : again.unhindered_seconds;
+      own = again.failed ? 0 : again.unhindered_seconds;
       run = again;
       ++r.failed_steps;
       r.oom_steps += rec.oom;
     } else {
-      compute += run.unhindered_seconds;
+      own = run.unhindered_seconds;
       // The step ran: its stage times and its peak calibrate the controller.
       const OverlapGraph og = overlap_graph(job, plan);
       for (std::size_t i = 0; i < og.stages.size(); ++i) {
@@ -315,6 +364,33 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
       ctl.measure_memory(predicted.peak_memory_bytes, run.peak);
     }
     rec.seconds = before + seconds;
+    if (job.async) {
+      // The streams: generation run k needs the version training step k − 1 − s made
+      // (landed), training step k needs rollouts k and its previous update read; a
+      // transition or a failure drains both first.
+      const std::size_t s = static_cast<std::size_t>(job.max_staleness);
+      const double last = k > 0 ? trained[k - 1] : 0;
+      double floor = 0;
+      if (rec.transition_seconds > 0 || rec.failed) floor = std::max(last, generation_free) + before + rec.failure_seconds;
+      const std::string key = to_string(plan);
+      if (key != flows_of) flows = update_flows(job, plan), flows_of = key;
+      rec.update_seconds = truth.copy_seconds(flows, load.link_slowdown);
+      rec.generation_seconds = run.generation_seconds;
+      rec.training_seconds = run.rest_seconds;
+      if (rec.failed && run.failed) {  // no plan ran the step: it cost what the failure did
+        trained.push_back(last + rec.seconds);
+      } else {
+        const double g0 = std::max({generation_free, k >= s + 1 ? updated[k - s - 1] : 0.0, floor});
+        generation_free = g0 + run.generation_seconds;
+        const double t0 = std::max({generation_free, k > 0 ? updated[k - 1] : 0.0, floor});
+        trained.push_back(t0 + run.rest_seconds);
+      }
+      updated.push_back(trained.back() + (run.failed ? 0 : rec.update_seconds));
+      rec.seconds = trained.back() - last;
+      seconds = rec.seconds - before;
+      own = std::max(0.0, seconds - rec.failure_seconds);
+    }
+    compute += own;
     rec.peak_bytes = run.peak;
     rec.plan = short_plan(job, plan);
     r.exposed_transition_seconds += rec.exposed_seconds;

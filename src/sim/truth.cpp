@@ -4,6 +4,8 @@
 // stage times (1F1B); the busiest pipeline stage holds ceil(L / pp) layers.
 #include "nereus/sim/truth.hpp"
 
+#include <map>
+
 #include <algorithm>
 #include <cmath>
 
@@ -132,6 +134,42 @@ std::uint64_t GroundTruth::capacity_bytes() const { return std::uint64_t(cluster
 std::uint64_t GroundTruth::context_bytes() const {
   // CUDA context about 0.5 GiB, NCCL communicators and cuBLAS workspaces about 1 GiB.
   return std::min<std::uint64_t>(3ull << 29, capacity_bytes() / 16);
+}
+
+double GroundTruth::copy_seconds(const std::vector<TruthFlow>& flows, double link_slowdown) {
+  // Per-message costs of NCCL point-to-point operations, the small-message latencies
+  // nccl-tests' sendrecv_perf reports: a few microseconds over NVLink, about ten across
+  // InfiniBand (the same figures this file's p2p() uses: 3 and 8 µs).
+  constexpr double kIntraMessage = 3e-6, kInterMessage = 8e-6;
+  const int gpn = std::max(1, cluster_.gpus_per_node);
+  const double nvlink = cluster_.intra_node_gbps * 1e9 * intra_efficiency();
+  // A node's NICs are shared by its GPUs' traffic to other nodes.
+  const double nics = cluster_.inter_node_gbps * 1e9 * cluster_.nics_per_node * inter_efficiency() / std::max(1.0, link_slowdown);
+  std::map<int, double> sent, received, node_out, node_in, messages;
+  for (const TruthFlow& f : flows) {
+    if (f.src == f.dst || f.bytes == 0) continue;
+    const bool inside = f.src / gpn == f.dst / gpn;
+    if (inside) {
+      sent[f.src] += double(f.bytes);
+      received[f.dst] += double(f.bytes);
+    } else {
+      node_out[f.src / gpn] += double(f.bytes);
+      node_in[f.dst / gpn] += double(f.bytes);
+    }
+    const double m = double(f.messages) * (inside ? kIntraMessage : kInterMessage);
+    messages[f.src] += m;
+    messages[f.dst] += m;
+  }
+  double t = 0;
+  for (const auto* side : {&sent, &received})
+    for (const auto& [gpu, bytes] : *side) t = std::max(t, bytes / nvlink);
+  for (const auto* side : {&node_out, &node_in})
+    for (const auto& [node, bytes] : *side) t = std::max(t, bytes / nics);
+  double setup = 0;
+  for (const auto& [gpu, m] : messages) setup = std::max(setup, m);
+  if (t + setup <= 0) return 0;
+  std::lognormal_distribution<double> jitter(0.0, noise_);
+  return (t + setup) * jitter(rng_);
 }
 
 double GroundTruth::checkpoint_bytes_per_second() const {

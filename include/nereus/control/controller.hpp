@@ -22,6 +22,12 @@
 // one is both runnable (the cost model fits it) and reachable (its transition graph fits
 // every GPU). When none is, the decision is `blocked`, and its `why` names the step, the
 // model-stage, the GPU and the shortfall: the job cannot go on.
+//
+// Async jobs (JobSpec::async): the planner splits the pool between generation and the
+// rest, and predicted step latency is the two streams' period (planner.hpp,
+// async_step_seconds); calibration is the same per stage. A plan change drains both
+// streams, so it never runs beside the steps: admission charges L_tran plus the drain
+// (the first step on the new plan runs its generation and training one after the other).
 #include <cstdint>
 #include <deque>
 #include <map>

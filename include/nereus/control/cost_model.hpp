@@ -109,6 +109,13 @@ class CostModel {
     return work(stage, c, w).seconds(eff_);
   }
   StageMemory memory(const ModelStage& stage, const Candidate& c, const Workload& w) const;
+  /// Async jobs: the work of copying a new weight version from the training stage's
+  /// candidate `train` into staging beside every GPU of the generation stage `generation`
+  /// under `g` (runtime/weight_update.hpp): each generation GPU receives its shard (bf16),
+  /// the training GPUs send all replicas' copies between them, one transfer per tensor,
+  /// over NVLink when `inside` one node, else over the NICs.
+  StageOps weight_update(const ModelStage& generation, const Candidate& g, const Candidate& train, bool inside,
+                         const Workload& w) const;
 
  private:
   ClusterSpec cluster_;

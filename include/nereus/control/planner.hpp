@@ -9,6 +9,12 @@
 // same GPUs (times add up; resident memory adds up, since a GPU keeps one model-stage of
 // each phase; transient memory: the largest, since one stage runs at a time). A plan is
 // feasible when resident + transient + overhead fits the GPU with 10% headroom.
+//
+// Async jobs (JobSpec::async) split the pool instead: generation on G GPUs, the other
+// phases on the rest, each half searched as above; a generation GPU also holds a staged
+// copy of its params (the next weight version arrives beside the one in use). The step
+// is the period of the two streams (async_step_seconds), over every split G: powers of
+// two below a node and whole nodes, generation on the pool's last G GPUs.
 #include <map>
 #include <optional>
 #include <string>
@@ -63,7 +69,17 @@ struct PlanChoice {
   std::size_t candidates = 0;       ///< evaluated
   std::size_t frontier = 0;         ///< kept on the per-stage frontiers
   bool fast_path = false;           ///< each phase at its fastest fitted together
+  int generation_gpus = 0;          ///< async: GPUs of the generation half (the pool's last ones)
 };
+
+/// The period of an async job's two streams, steady state (runtime/weight_update.hpp):
+/// generation runs of `generation` seconds one after another; training steps of `rest`
+/// seconds (inference and training stages) each followed by an update the next training
+/// step and the generation run it feeds wait `update` seconds for; generation run k needs
+/// the version training step k − 1 − max_staleness made. So the period is the largest of
+/// the generation stream, the training stream, and the cycle through both
+/// (generation + rest + update) spread over max_staleness + 1 steps in flight.
+double async_step_seconds(double generation, double rest, double update, std::int64_t max_staleness);
 
 /// Every candidate of one model-stage on a pool of `gpus` (before pruning).
 std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const ClusterSpec& cluster,
@@ -95,6 +111,10 @@ struct PlanEstimate {
   DeviceId peak_device = -1;  ///< the busiest GPU
   std::string peak_stage;     ///< the model-stage whose working memory sets that GPU's peak
   std::uint64_t budget_bytes = 0;  ///< what fits a GPU: capacity × (1 − headroom), overhead included
+  /// Async jobs: the streams' seconds (step_seconds is their period), and why the plan
+  /// cannot run asynchronously (a GPU shared by generation and training; fits is false).
+  double generation_seconds = 0, training_seconds = 0, update_seconds = 0;
+  std::string refusal;
 };
 PlanEstimate estimate_plan(const CostModel& model, const JobSpec& job, const GlobalPlan& plan, const Workload& w,
                            double headroom = 0.1);
@@ -105,8 +125,9 @@ Candidate candidate_of(const CollectionSpec& spec, bool recompute = false);
 /// Lays out chosen candidates on GPUs 0..: per phase, model-stages in descending unit size
 /// on consecutive blocks, so TP groups (powers of two, at most a node) stay inside a node;
 /// each stage in its representation.
+/// Async jobs: generation from GPU `generation_at` on, the other phases from GPU 0.
 GlobalPlan place(const JobSpec& job, const std::vector<PlannedStage>& stages,
-                 const std::map<std::string, Representation>& representation = {});
+                 const std::map<std::string, Representation>& representation = {}, int generation_at = 0);
 
 /// The layouts of `plan` placed again to spread memory: phase by phase, each unit (largest
 /// first) on the free aligned block of its size (inside one node when it fits one) whose

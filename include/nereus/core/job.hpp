@@ -58,5 +58,9 @@ struct JobSpec {
 JobSpec parse_job(std::string_view json_text, std::string_view origin);
 /// A path to a job JSON, or a preset name (e.g. "ppo-llama-3.1-8b").
 JobSpec load_job(std::string_view arg);
+/// `job` in `mode` ("sync" or "async", empty: the job's own) with `max_staleness` (0: the
+/// job's own); the command line's --mode and --max-staleness over the job file's fields.
+/// Throws naming a bad mode, a staleness < 0, or a staleness for a sync job.
+JobSpec with_mode(JobSpec job, std::string_view mode, std::int64_t max_staleness);
 
 }  // namespace nereus

@@ -8,6 +8,14 @@
 // whose true memory exceeds a GPU or that needs a GPU outside the pool fails: it costs the
 // time until the failing stage, a restart, a checkpoint reload and the step again on a plan
 // that fits, and it never calibrates. Every policy is scored by this one loop.
+//
+// Async jobs (JobSpec::async) run generation and training as two streams on the pool's
+// halves, step after step: generation run k starts once the version training step
+// k − 1 − max_staleness made has landed, training step k once rollouts k are done and
+// its previous update has been read; each update is the planner's sync transfers timed
+// by the truth's copy model (GroundTruth::copy_seconds). A step's seconds are the time
+// between two training steps' ends. A plan change or a failure drains both streams
+// first (the transition runs in the open).
 #include <functional>
 #include <string>
 #include <vector>
@@ -48,6 +56,8 @@ struct StepRecord {
   bool failed = false;
   bool oom = false;               ///< failed for memory
   std::string failure;            ///< which stage failed, and why
+  /// Async jobs: the streams' seconds on the truth and the weight update's copy.
+  double generation_seconds = 0, training_seconds = 0, update_seconds = 0;
   std::string plan;               ///< short form: tp/pp/dp (then eEP/ETP when ep > 1) per model-stage
   std::string trigger, decision;
 };

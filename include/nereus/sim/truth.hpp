@@ -20,12 +20,15 @@
 //     as grouped GEMMs over the tokens routed to them (only the experts some token picks
 //     are read), the busiest GPU's load above the mean as the maximum of G Poisson loads
 //     times a trained router's skew, and an all-to-all dispatch and combine;
-//   - stragglers: lognormal jitter per replica and an occasional slow replica.
+//   - stragglers: lognormal jitter per replica and an occasional slow replica;
+//   - copies between GPUs (an async job's weight updates): each GPU's NVLink ports and
+//     each node's NICs at their achieved rates, a per-message cost, jitter.
 // The constants are published or typical figures (named where they are set), never tuned
 // to make a policy win.
 #include <cstdint>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "nereus/core/cluster.hpp"
 #include "nereus/core/job.hpp"
@@ -49,6 +52,14 @@ struct TruthLoad {
   double response_mean = 0, response_p95 = 0;  ///< lengths are lognormal with these
   double max_response = 0;     ///< the job's cap (0: none)
   double link_slowdown = 1;
+};
+
+/// What a copy moves from one GPU to another: bytes and messages (the plan's transfers
+/// between the two; which bytes move where is the planner's, not a model).
+struct TruthFlow {
+  int src = 0, dst = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t messages = 0;
 };
 
 /// One stage's truth on the busiest GPU of a replica.
@@ -78,6 +89,10 @@ class GroundTruth {
   /// Share of link bandwidth bulk copies reach (intra-node, inter-node).
   double intra_efficiency() const { return 0.80; }
   double inter_efficiency() const { return 0.85; }
+  /// A measured copy of `flows` on the cluster's links with nothing else on them: the
+  /// slowest of every GPU's NVLink sends and receives, every node's NIC traffic out and in,
+  /// plus each GPU's messages one after another, times a lognormal jitter.
+  double copy_seconds(const std::vector<TruthFlow>& flows, double link_slowdown);
   /// Bytes per second one GPU reads a checkpoint at (its share of the node's NICs).
   double checkpoint_bytes_per_second() const;
 
