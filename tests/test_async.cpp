@@ -63,6 +63,12 @@ asio::awaitable<bool> train_once(Job* job, const ModelSpec* m) {
   co_return true;
 }
 
+/// Job::end_step() as a value for run_on.
+asio::awaitable<bool> end_step(Job* job) {
+  co_await job->end_step();
+  co_return true;
+}
+
 /// WeightUpdate::wait() as a value for run_on.
 asio::awaitable<bool> staged(WeightUpdate u) {
   co_await u.wait();
@@ -205,6 +211,66 @@ TEST_CASE("async: two streams under random timing keep max_staleness, and no uni
   }
   MESSAGE("updates switched with keep: " << keeps);
   CHECK(keeps > 0);
+}
+
+TEST_CASE("async: a plan change between training steps, beside a generation run; the next run gets new units holding one whole version") {
+  const JobSpec spec = parse_job(kJob, "job");
+  asio::io_context io;
+  LocalTransport local({1, 1 << 20});
+  auto job = make_job(io, spec, &local);
+  const ModelSpec* m = spec.model("actor").get();
+  const GlobalPlan target = load_global_plan(spec, R"({"actor/generate": "tp=2,pp=1,dp=1,devices=0-1",
+    "actor/infer": "tp=1,pp=1,dp=2,devices=2-3", "reference/infer": "tp=1,pp=1,dp=2,devices=2-3",
+    "actor/train": "tp=1,pp=1,dp=2,devices=4-5"})");
+  auto gen_run = [&] {
+    StageLease l = run_on(io, job->enter_stage("actor/generate"));
+    const std::int64_t v = l.units()[0].version();
+    l.leave();
+    return v;
+  };
+  CHECK(gen_run() == 0);
+  CHECK(gen_run() == 0);  // runs 0 and 1 may use version 0
+  // While training runs, between a training run and end_step, with an update in flight:
+  // refused, nothing changed.
+  StageLease training = run_on(io, job->enter_stage("actor/train"));
+  CHECK(has(error_of([&] { job->begin_transition(target); }), "'actor/train' is running; an async job changes plan"));
+  write_values(*m, job->units("actor/train"), 1);  // the run trains version 1
+  training.leave();
+  CHECK(has(error_of([&] { job->begin_transition(target); }), "'actor/train' ran in this step"));
+  run_on(io, end_step(job.get()));
+  WeightUpdate u = job->begin_weight_update("actor/generate");
+  CHECK(has(error_of([&] { job->begin_transition(target); }), "weight update of 'actor/generate' is in flight"));
+  u.cancel();
+  (void)error_of([&] { (void)run_on(io, u.finish(PauseMode::keep)); });
+  const GlobalPlan together = load_global_plan(spec, R"({"actor/generate": "tp=2,pp=1,dp=1,devices=4-5",
+    "actor/infer": "tp=1,pp=1,dp=2,devices=2-3", "reference/infer": "tp=1,pp=1,dp=2,devices=2-3",
+    "actor/train": "tp=1,pp=1,dp=2,devices=4-5"})");
+  CHECK(has(error_of([&] { job->begin_transition(together); }), "share device 4"));
+  CHECK(job->units("actor/generate")[0].version == 0);
+  // Between training steps, while a generation run goes on (run 2, on version 1: the job
+  // updated it itself): its old units stay until it leaves; the new ones hold version 1,
+  // whole.
+  StageLease generating = run_on(io, job->enter_stage("actor/generate"));
+  CHECK(generating.units()[0].version() == 1);
+  TransitionHandle h = job->begin_transition(target);
+  io.restart();
+  for (int k = 0; k < 200; ++k) io.poll();
+  CHECK(!h.done());
+  CHECK(mixed(*m, *job) == 0);
+  generating.leave();
+  const TransitionReport r = run_on(io, h.wait());
+  CHECK(r.completed);
+  CHECK(r.moved_bytes > 0);
+  CHECK(to_string(job->plan()) == to_string(target));
+  for (const UnitView& v : job->units("actor/generate")) CHECK(v.version == 1);
+  CHECK(mixed(*m, *job) == 0);
+  CHECK(wrong_values(*m, job->units("actor/train"), 1) == 0);
+  // The streams go on, on the new plan, within max_staleness.
+  run_on(io, train_once(job.get(), m));
+  run_on(io, end_step(job.get()));
+  CHECK(gen_run() == 2);  // run 3 needs version 2: updated by the job, on the new layout
+  CHECK(mixed(*m, *job) == 0);
+  CHECK(job->weight_updates().back().automatic);
 }
 
 TEST_CASE("async: generation that the framework never updates is kept within max_staleness by the job") {
@@ -352,7 +418,6 @@ TEST_CASE("async: bad input gets one clear error and changes nothing") {
   auto job = make_job(io, spec, &local);
   CHECK(has(error_of([&] { job->begin_weight_update("actor/generate"); }), "already holds version 0"));
   CHECK(has(error_of([&] { job->begin_weight_update("actor/infer"); }), "'actor/infer' is not a generation model-stage"));
-  CHECK(has(error_of([&] { job->begin_transition(load_global_plan(spec, kPlan)); }), "plan changes in async jobs are not supported yet"));
   StageLease training = run_on(io, job->enter_stage("actor/train"));
   CHECK(has(error_of([&] { job->begin_weight_update("actor/generate"); }), "'actor/train' is running"));
   training.leave();

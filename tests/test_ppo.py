@@ -12,8 +12,9 @@
   GRPO (--grow-at -1: responses grow every step, so memory runs short at step 3 rather
   than step 18 of the default run, which once crashed there);
 - --async (PPO and GRPO) for a few steps: its JSON fields, staleness within max_staleness,
-  versions that only grow, every weight update reported, both streams in the trace; and
-  --async with plan changes refused.
+  versions that only grow, every weight update reported, both streams in the trace; PPO
+  with a forced plan change beside generation, GRPO with the live controller deciding on
+  its async model; every:K refused.
 Usage: test_ppo.py PPO_PY"""
 import json
 import os
@@ -115,11 +116,13 @@ def memory_forced(ppo, check):
 
 def async_runs(ppo, check):
     failed_before = check.failed
+    changes = {"ppo": ["--force-transition", "1:actor/generate=tp=2,pp=1,dp=1,devices=6-7"],
+               "grpo": ["--plan-changes", "controller"]}
     for algorithm, steps in (("ppo", 4), ("grpo", 3)):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.json")
             r = subprocess.run([sys.executable, ppo, "--async", "--algorithm", algorithm, "--steps", str(steps), "--json",
-                                "--perfetto", path], capture_output=True, text=True, timeout=240)
+                                "--perfetto", path, *changes[algorithm]], capture_output=True, text=True, timeout=240)
             check(r.returncode == 0, f"--async {algorithm}: exits 0 (rc {r.returncode}): {r.stderr[-1500:]}")
             if r.returncode != 0:
                 continue
@@ -142,10 +145,18 @@ def async_runs(ppo, check):
         names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
         check({"steps", "generation", "weight updates", "device 6: stages", "device 4: stages"} <= names,
               f"--async {algorithm}: both streams and the updates in the trace: {sorted(names)}")
-    r = subprocess.run([sys.executable, ppo, "--async", "--plan-changes", "controller", "--steps", "1"],
+        if algorithm == "ppo":
+            t = out["transitions"]
+            check(len(t) == 1 and t[0]["completed"] and t[0]["step"] == 1 and
+                  t[0]["plan"]["actor/generate"].startswith("tp=2,pp=1,dp=1,") and s[-1]["weight_version"] >= 2,
+                  f"--async ppo: the forced plan change ran beside generation, which went on on it: {t}")
+        else:
+            check(len(out["decisions"]) >= 1 and all(t["completed"] for t in out["transitions"]),
+                  f"--async grpo: the live controller decided on the async job: {out['decisions']}")
+    r = subprocess.run([sys.executable, ppo, "--async", "--plan-changes", "every:2", "--steps", "1"],
                        capture_output=True, text=True, timeout=60)
-    check(r.returncode != 0 and "--async runs a fixed plan" in r.stderr,
-          f"--async with plan changes: one clear error (rc {r.returncode}): {r.stderr[-300:]}")
+    check(r.returncode != 0 and "--async changes plan only through the controller" in r.stderr,
+          f"--async with every:K: one clear error (rc {r.returncode}): {r.stderr[-300:]}")
     return check.failed - failed_before
 
 

@@ -700,8 +700,33 @@ class AsyncUpdates(unittest.TestCase):
         self.assertEqual([u.version for u in job.units("actor/generate")], [0, 0])
         with self.assertRaisesRegex(nereus.Error, "not async"):
             new_job().begin_weight_update("actor/generate")
-        with self.assertRaisesRegex(nereus.Error, "does not model async jobs yet"):
-            job.report_step({"actor/generate": 1.0}, 8, 8)
+
+    def test_the_live_controller_and_plan_changes_between_steps(self):
+        """report_step decides on the async model (generation apart); a plan change runs with
+        both streams idle and leaves every generation unit on the trainer's whole version."""
+        with tempfile.TemporaryDirectory() as d:
+            job = async_job(d)
+        versions = [full_tensors(job, "actor/train", seed) for seed in (1, 2)]
+        write_all(job, "actor/generate", versions[0])
+        with job.stage("actor/generate"):
+            pass
+        with job.stage("actor/train"):
+            write_all(job, "actor/train", versions[1])
+        with self.assertRaisesRegex(nereus.Error, "ran in this step; an async job changes plan between training steps"):
+            job.begin_transition(dict(ASYNC_PLAN, **{"actor/generate": "tp=2,pp=1,dp=1,devices=0-1"}))
+        job.end_step()
+        peak = max(x["used"] for x in job.devices())
+        decision = job.report_step({s: 0.5 for s in job.model_stages}, 8, 8, peak_bytes=peak)
+        self.assertIn("trigger", decision)
+        if decision["admitted"]:  # what it proposes, the async job can run: generation apart
+            self.assertTrue(job.transition(decision["target"])["completed"], decision)
+        target = dict(ASYNC_PLAN, **{"actor/generate": "tp=2,pp=1,dp=1,devices=0-1", "actor/train": "tp=1,pp=1,dp=2,devices=4-5"})
+        with self.assertRaisesRegex(nereus.Error, "share device 4"):
+            job.begin_transition(dict(target, **{"actor/generate": "tp=2,pp=1,dp=1,devices=4-5"}))
+        report = job.transition(target)
+        self.assertTrue(report["completed"], report)
+        self.assertEqual([u.version for u in job.units("actor/generate")], [1])
+        self.assertEqual(mismatches(job, "actor/generate", {k: v for k, v in versions[1].items() if k[1] == "param"}), [])
 
 
 class Workspace(unittest.TestCase):

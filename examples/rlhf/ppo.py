@@ -298,7 +298,7 @@ def summary(steps, transitions, checks):
           f"state checks {checks['passed']} passed, {checks['failed']} failed", file=sys.stderr)
 
 
-def run_async(a, gen):
+def run_async(a, gen, force, controller):
     """--async: the job file with "mode": "async", generation on its own devices (ppo_async.py)."""
     import tempfile
     import ppo_async
@@ -309,15 +309,15 @@ def run_async(a, gen):
         path = os.path.join(d, f"{a.algorithm}-tiny-rule-async.json")
         with open(path, "w") as f:
             json.dump(spec, f)
-        job = nereus.Job(path, plan, devices=8, capacity=a.capacity, seed=a.seed)
+        job = nereus.Job(path, plan, devices=8, capacity=a.capacity, seed=a.seed, gamma=GAMMA)
     init_weights(job, a.seed)
     trace = Trace(time.perf_counter()) if a.perfetto else None
-    out = ppo_async.run(job, a, gen, trace)
+    out = ppo_async.run(job, a, gen, trace, force=force, controller=controller)
     if trace:
         trace.write(a.perfetto)
     if a.json:
         print(json.dumps(out))
-    summary(out["steps"], [], out["state_checks"])
+    summary(out["steps"], out["transitions"], out["state_checks"])
     u = out["weight_updates"]
     if u:
         print(f"weight updates {len(u)}: median {sorted(x['seconds'] for x in u)[len(u) // 2]:.3f}s, paused median "
@@ -334,7 +334,7 @@ def main():
     ap.add_argument("--check-state", action="store_true", help="compare every stage's state bit for bit across transitions")
     ap.add_argument("--force-transition", action="append", default=[], metavar="STEP:MODEL_STAGE=SPEC")
     ap.add_argument("--plan-changes", help="controller (default), none, or every:K (alternate two plans); "
-                                           "--async: none (its only choice for now)")
+                                           "--async: none (default) or controller")
     ap.add_argument("--async", dest="asynchronous", action="store_true",
                     help="one-step off-policy: generation runs on its own devices while training computes, and "
                          "weight updates reach it in flight (ppo_async.py)")
@@ -352,9 +352,9 @@ def main():
     a = ap.parse_args()
     if a.plan_changes is None:
         a.plan_changes = "none" if a.asynchronous else "controller"
-    if a.asynchronous and (a.plan_changes != "none" or a.force_transition or a.no_nereus or a.actor_train):
-        raise SystemExit("ppo.py: error: --async runs a fixed plan on Nereus for now (plan changes in async jobs are "
-                         "not supported yet): drop --plan-changes, --force-transition, --no-nereus and --actor-train")
+    if a.asynchronous and (a.plan_changes.startswith("every:") or a.no_nereus or a.actor_train):
+        raise SystemExit("ppo.py: error: --async changes plan only through the controller or --force-transition, on "
+                         "Nereus with its own layouts: drop --plan-changes every:K, --no-nereus and --actor-train")
     force = parse_force(a.force_transition)
     every = int(a.plan_changes.split(":")[1]) if a.plan_changes.startswith("every:") else 0
     controller = a.plan_changes == "controller"
@@ -367,7 +367,7 @@ def main():
     if a.actor_train:
         plan["actor/train"] = a.actor_train
     if a.asynchronous:
-        return run_async(a, gen)
+        return run_async(a, gen, force, controller)
     job = nereus.Job(JOBS[a.algorithm], plan, devices=8, capacity=a.capacity, seed=a.seed, gamma=GAMMA)
     if a.no_nereus:
         if force or every:

@@ -15,6 +15,13 @@
 The job keeps generation within max_staleness (1) versions of the trainer: generation run
 k reads version k−1 at least, updating itself when the framework has not.
 
+Plan changes (`--plan-changes controller`, `--force-transition`): after a training step the
+trainer asks the live controller (its async model: the pool split between the streams) or
+takes the forced plan, switches in the update it staged (finish("wait"): after the
+generation run in flight), and changes plan while generation goes on: the run in flight
+keeps its old units until it ends, the next one starts on the new units (filled from the
+trainer where they are behind: one whole version).
+
 Off-policy correction (decoupled PPO, as AReaL does it): the clipped ratio is taken against
 the proximal policy (the trainer's weights before this update), and each token's term is
 weighted by the truncated importance ratio π_prox/π_behav ≤ 2 of the behaviour policy that
@@ -65,11 +72,14 @@ def generate(job, st, prompts, length, gen, shared):
     switched in with pause="keep". Returns the sequences, each response token's behaviour
     log-prob, and the oldest and newest weight versions that sampled the batch."""
     total = prompts.shape[1] + length
-    units = job.units("actor/generate")
-    rows = [base.split(len(prompts), len(units), i) for i in range(len(units))]
-    job.set_workspace("actor/generate", max(tp_llama.KVCache.nbytes(tp_llama.UnitModel(base.ACTOR, u), r.stop - r.start, total)
-                                            for u, r in zip(units, rows)))
+    # The KV cache of the whole batch and model: enough for any layout, since the trainer
+    # may change the plan between this sizing and the run (its units are known on entry).
+    c = base.ACTOR
+    hd = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    job.set_workspace("actor/generate",
+                      2 * 4 * len(prompts) * c["num_key_value_heads"] * total * hd * c["num_hidden_layers"])
     with st.stage(job, "actor/generate") as held, torch.no_grad():
+        rows = [base.split(len(prompts), len(held), i) for i in range(len(held))]
         models = [tp_llama.UnitModel(base.ACTOR, u) for u in held]
         versions = {u.version for u in held}
         caches = [tp_llama.KVCache(models[i], rows[i].stop - rows[i].start, total,
@@ -84,9 +94,13 @@ def generate(job, st, prompts, length, gen, shared):
                 seqs[i] = torch.cat([seqs[i], tok[:, None]], 1)
                 if t + 1 < length:
                     hs[i] = m.hidden(tok[:, None], seqs[i].shape[1] - 1, caches[i])
-            update = shared.get("update")
-            if update is not None and update.ready:  # between two decode steps
-                shared["update"] = None
+            with shared["lock"]:  # the trainer may take it for a plan change
+                update = shared["update"]
+                if update is not None and update.ready:  # between two decode steps
+                    shared["update"] = None
+                else:
+                    update = None
+            if update is not None:
                 try:
                     update.finish("keep")
                 except nereus.Error as e:  # a failed update: the old weights stay
@@ -98,13 +112,28 @@ def generate(job, st, prompts, length, gen, shared):
     return torch.cat(seqs), torch.cat([torch.stack(x, 1) for x in lps]), min(versions), max(versions)
 
 
-def run(job, a, gen, trace, batch=16, plen=8):
-    """Both streams for a.steps steps; returns ppo.py's JSON body."""
+def change_plan(job, shared, target):
+    """Switches in the staged update (no update may be in flight during a plan change),
+    then changes plan beside the generation run in flight. Returns the report."""
+    with shared["lock"]:
+        update, shared["update"] = shared["update"], None
+    if update is not None:
+        try:
+            update.finish("wait")  # after the generation run in flight
+        except nereus.Error:  # a failed update: the transition fills the units from the trainer
+            pass
+    return job.transition(target)
+
+
+def run(job, a, gen, trace, batch=16, plen=8, force=None, controller=False):
+    """Both streams for a.steps steps; returns ppo.py's JSON body. `force` (step → plan
+    changes) and `controller` change plan as ppo.py does, with both streams drained."""
     grpo = a.algorithm == "grpo"
     length, beta, clip, lr = 8, 0.02, 0.2, 3e-3
-    shared = {"length": length, "update": None}
+    shared = {"length": length, "update": None, "lock": threading.Lock()}
     rollouts = queue.Queue()
     failure = []
+    transitions, decisions = [], []
 
     def generation():
         try:
@@ -161,10 +190,40 @@ def run(job, a, gen, trace, batch=16, plen=8):
                                 decoupled_policy_loss(plen, prox_lp, behav_lp, adv_w, clip), lr, epochs=2)
                 vl = base.train(job, st, "critic/train", base.CRITIC, seqs, base.value_loss(plen, values, returns, clip), lr,
                                 epochs=2)
+            peak = max([d["step_peak"] for d in job.devices()], default=0)
             job.end_step()
+            target, trigger, decision = None, None, None
+            if force and k in force:
+                target, trigger = dict(job.plan, **force[k]), "forced"
+            elif controller:
+                # This step's stage times (generation's run included) and peak; the next
+                # step's response length.
+                decision = job.report_step({**gst.seconds, **st.seconds}, length, length, peak_bytes=peak,
+                                           next_response_len_mean=shared["length"], next_response_len_p95=shared["length"])
+                if decision["replanned"]:
+                    decisions.append({key: decision[key] for key in ("step", "trigger", "admitted", "why", "current_seconds",
+                                                                     "target_seconds", "transition_seconds",
+                                                                     "horizon_steps", "moved_bytes", "decision_ms")}
+                                     | {"at_step": k})
+                if decision["admitted"]:
+                    target, trigger = decision["target"], decision["trigger"]
+            if target is not None and target != job.plan:
+                began = time.perf_counter()
+                report = change_plan(job, shared, target)
+                d = decision or {}
+                transitions.append({"step": k, "trigger": trigger, "completed": report["completed"], "error": report["error"],
+                                    "current_seconds": d.get("current_seconds"), "target_seconds": d.get("target_seconds"),
+                                    "transition_seconds": d.get("transition_seconds"),
+                                    "horizon_steps": d.get("horizon_steps"), "moved_bytes": report["moved_bytes"],
+                                    "copied_bytes": report["copied_bytes"], "seconds": report["seconds"],
+                                    "exposed_seconds": time.perf_counter() - began, "plan": job.plan})
+                if trace:
+                    trace.transition(began, report)
             if shared["update"] is None:  # the new version, staged while generation decodes
                 try:
-                    shared["update"] = job.begin_weight_update("actor/generate")
+                    staged = job.begin_weight_update("actor/generate")
+                    with shared["lock"]:
+                        shared["update"] = staged
                 except nereus.Error:  # generation already holds it, or the job began one itself
                     pass
             t1 = time.perf_counter()
@@ -192,5 +251,5 @@ def run(job, a, gen, trace, batch=16, plen=8):
     if trace:
         for r in job.weight_updates():
             trace.update(r)
-    return {"mode": "async", "steps": steps, "transitions": [], "decisions": [],
+    return {"mode": "async", "steps": steps, "transitions": transitions, "decisions": decisions,
             "state_checks": {"passed": 0, "failed": 0}, "weight_updates": updates, "wall_seconds": wall}

@@ -585,23 +585,44 @@ asio::awaitable<void> Job::end_step(std::span<const FrameworkStream> streams) {
   s->changed.notify();
 }
 
+namespace {
+
+/// An async job changes plan between training steps, with no weight update in flight, to
+/// a plan that keeps generation and training apart. A generation run in flight goes on
+/// on its old units (the graph frees them when it leaves, as in a sync job); the next
+/// run waits for the new ones (enter_stage), which the graph fills from the trainer where
+/// they are behind: a whole version each.
+void refuse_async_transition(const JobState& s) {
+  for (const StageSlot& slot : s.slots) {
+    if (slot.stage.kind != StageKind::generate && (slot.claimed || slot.ran_this_step))
+      throw Error("begin_transition: '" + slot.stage.name() + (slot.claimed ? "' is running" : "' ran in this step") +
+                  "; an async job changes plan between training steps (after end_step())");
+    if (slot.update || slot.switch_pending)
+      throw Error("begin_transition: a weight update of '" + slot.stage.name() + "' is in flight; finish or cancel it first");
+  }
+}
+
+}  // namespace
+
 TransitionHandle Job::begin_transition(const GlobalPlan& target, std::span<const FrameworkStream> streams) {
   JobState& s = *s_;
-  if (s.spec.async)
-    throw Error("plan changes in async jobs are not supported yet: generation and training run at the same time, and "
-                "transitions are scheduled around lockstep steps (weight updates are: begin_weight_update)");
+  if (s.spec.async) refuse_async_transition(s);
   if (s.transition && (!s.transition->finished || s.transition->effective_step > s.step))
     throw Error(s.transition->finished
                     ? "the previous transition takes effect at step " + std::to_string(s.transition->effective_step) +
                           ": end the step first"
                     : "a transition is already in flight");
   s.transition.reset();
-  const bool mid_step = std::any_of(s.slots.begin(), s.slots.end(), [](const StageSlot& x) { return x.ran_this_step || x.claimed; });
+  // An async job's generation stream runs across steps: only the training stream's step counts.
+  const bool mid_step = std::any_of(s.slots.begin(), s.slots.end(), [&](const StageSlot& x) {
+    return !(s.spec.async && x.stage.kind == StageKind::generate) && (x.ran_this_step || x.claimed);
+  });
   const std::int64_t effective = mid_step ? s.step + 1 : s.step;
   TransitionRequest req;
   req.job = &s.spec;
   for (std::size_t i = 0; i < s.slots.size(); ++i) req.from.push_back(s.collection(i, s.slots[i].units));
   req.to = plan_collections(s.spec, target, s.options.devices);
+  if (const std::string why = s.shared_device(req.to); !why.empty()) throw Error("begin_transition: " + why);
   // A generation/inference stage is stale when its training stage will have updated the
   // params by the time the new plan takes effect: its units are then never read.
   req.stale.assign(s.slots.size(), false);
@@ -628,7 +649,7 @@ TransitionHandle Job::begin_transition(const GlobalPlan& target, std::span<const
 
 asio::awaitable<TransitionReport> Job::transition(const GlobalPlan& target, std::span<const FrameworkStream> streams) {
   for (const StageSlot& slot : s_->slots)
-    if (slot.ran_this_step || slot.claimed)
+    if (!(s_->spec.async && slot.stage.kind == StageKind::generate) && (slot.ran_this_step || slot.claimed))
       throw Error("transition(): model-stage '" + slot.stage.name() +
                   "' already ran in this step; call it between steps, or use begin_transition() and end_step()");
   TransitionHandle h = begin_transition(target, streams);
