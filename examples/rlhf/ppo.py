@@ -27,7 +27,9 @@ Usage: PYTHONPATH=BUILD/python examples/rlhf/ppo.py [--steps N] [--seed S] [--js
     [--grow-at REWARD] [--algorithm ppo|grpo] [--actor-train SPEC] [--async]
 
 --async runs the job asynchronously (ppo_async.py): generation on its own devices samples
-the next batch while training computes, and weight updates reach it in flight.
+the next batch while training computes, and weight updates reach it in flight; plan
+changes (--plan-changes none (its default) or controller, --force-transition) run after a
+training step, beside generation.
 """
 import argparse
 import json
