@@ -13,6 +13,7 @@
 #include "job_cases.hpp"
 #include "nereus/control/controller.hpp"
 #include "nereus/control/planner.hpp"
+#include "nereus/core/presets.hpp"
 #include "nereus/sim/simulator.hpp"
 #include "test_util.hpp"
 
@@ -179,6 +180,46 @@ TEST_CASE("async simulator: the streams settle at the cost model's period for th
   job = with_mode(job, "sync", 0);
   const SimulationResult sync = simulate(cluster, job, trace, o);
   CHECK(sync.records.back().update_seconds == 0);
+}
+
+TEST_CASE("async simulator: pool changes, failures and transitions drain the streams, and every second is accounted for") {
+  const JobSpec job = with_mode(load_job("ppo-llama-3.1-8b"), "async", 0);
+  const ClusterSpec cluster = load_cluster("paper-cluster-2-a100");
+  const char* source = std::getenv("NEREUS_SOURCE");
+  REQUIRE_MESSAGE(source, "NEREUS_SOURCE names the source tree");
+  auto spot = load_trace(std::string(source) + "/examples/traces/spot-16-64gpu.jsonl");
+  spot.resize(200);
+  std::vector<TraceStep> jump;  // responses 17x longer at step 6: the plan runs out of memory
+  for (long k = 0; k < 12; ++k) jump.push_back({k, 32, k < 6 ? 400.0 : 7000.0, k < 6 ? 460.0 : 8050.0, 1});
+  SimulationOptions o;
+  o.profile_runs = 8;
+  int failed = 0, transitions = 0;
+  for (const auto* trace : {&spot, &jump})
+    for (const std::string policy : {"static", "nereus"}) {
+      CAPTURE(policy);
+      o.controller.policy = parse_policy(policy, o.controller.every);
+      const SimulationResult r = simulate(cluster, job, *trace, o);
+      failed += r.failed_steps;
+      transitions += r.transitions;
+      double sum = 0, exposed = 0, lost = 0;
+      for (const StepRecord& s : r.records) {
+        sum += s.seconds;
+        exposed += s.exposed_seconds;
+        lost += s.failure_seconds;
+        // A plan change drains the streams and runs in the open: all of it exposed, and the
+        // step lasts at least that and the failure it had.
+        CHECK(s.exposed_seconds == doctest::Approx(s.transition_seconds));
+        CHECK(s.seconds + 1e-9 >= s.exposed_seconds + s.failure_seconds);
+        if (!s.failed) CHECK(s.update_seconds > 0);  // every step that ran made a version and copied it
+      }
+      CHECK(r.total_seconds == doctest::Approx(sum));
+      CHECK(r.exposed_transition_seconds == doctest::Approx(exposed));
+      CHECK(r.failure_seconds == doctest::Approx(lost));
+      CHECK(r.mean_compute_seconds <= r.mean_step_seconds + 1e-9);
+      for (const Decision& d : r.decisions) CHECK((!d.urgent || d.admitted || d.blocked));
+    }
+  CHECK(transitions > 0);  // the pool changes, the lengths
+  CHECK(failed > 0);       // the jump: the failure path ran too
 }
 
 TEST_CASE("with_mode: the command line's --mode and --max-staleness over the job file's, bad ones refused by name") {
