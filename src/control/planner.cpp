@@ -466,8 +466,8 @@ double update_seconds(const CostModel& model, const JobSpec& job, const std::vec
 
 /// plan_job for an async job: each split's halves searched apart (the update's time is
 /// added after: it couples the halves only through the generation layout's shard and the
-/// training GPUs' count, and is small beside the stages; plan-property checks the choice
-/// against a brute force over both halves together).
+/// training GPUs' count, and is small beside the stages; tests/test_async_control.cpp
+/// checks the choice against a brute force over both halves and the update together).
 PlanChoice solve_async(const CostModel& model, const JobSpec& job, int gpus, const Workload& w, const PlannerOptions& o,
                        std::vector<PlanChoice>* frontier) {
   const auto t0 = std::chrono::steady_clock::now();
