@@ -121,6 +121,21 @@ Evaluated evaluate(const CostModel& model, const ModelStage& stage, int gpus, co
   return e;
 }
 
+/// A stage's candidates on a pool of `gpus` out of those evaluated on a larger pool with
+/// the same granularity: the same list in the same order (a candidate is on a pool when
+/// its GPUs fit it), without evaluating them again.
+Evaluated within(const Evaluated& all, int gpus) {
+  Evaluated e;
+  for (std::size_t i = 0; i < all.candidates.size(); ++i)
+    if (all.candidates[i].gpus() <= gpus) {
+      Point q = all.points[i];
+      q.a = static_cast<int>(e.candidates.size());
+      e.points.push_back(q);
+      e.candidates.push_back(all.candidates[i]);
+    }
+  return e;
+}
+
 }  // namespace
 
 std::vector<Candidate> stage_candidates(const ModelStage& stage, int gpus, const ClusterSpec& cluster,
@@ -215,7 +230,8 @@ namespace {
 /// transient) is written there, fastest first. With `place_plan` false, choices have no
 /// plan (an async half: the caller places both halves together).
 PlanChoice solve(const CostModel& model, const JobSpec& job, const std::vector<std::vector<ModelStage>>& phases, int gpus,
-                 const Workload& w, const PlannerOptions& o, std::vector<PlanChoice>* frontier, bool place_plan = true) {
+                 const Workload& w, const PlannerOptions& o, std::vector<PlanChoice>* frontier, bool place_plan = true,
+                 const std::vector<std::vector<Evaluated>>* evaluated = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   if (gpus < 1) throw Error("plan: the pool has no GPUs");
   PlanChoice out;
@@ -225,7 +241,8 @@ PlanChoice solve(const CostModel& model, const JobSpec& job, const std::vector<s
   std::vector<std::vector<std::vector<Point>>> fronts(phases.size());
   for (std::size_t p = 0; p < phases.size(); ++p)
     for (const ModelStage& s : phases[p]) {
-      evals[p].push_back(evaluate(model, s, gpus, w, o, budget, job.async));
+      evals[p].push_back(evaluated ? within((*evaluated)[p][evals[p].size()], gpus)
+                                   : evaluate(model, s, gpus, w, o, budget, job.async));
       out.candidates += evals[p].back().candidates.size();
       std::vector<Point> points = evals[p].back().points;
       fronts[p].push_back(pareto(points, true));
@@ -481,13 +498,21 @@ PlanChoice solve_async(const CostModel& model, const JobSpec& job, int gpus, con
   const std::vector<std::vector<ModelStage>> generation(phases.begin(), phases.begin() + 1);
   const std::vector<std::vector<ModelStage>> rest(phases.begin() + 1, phases.end());
   const int gpn = model.cluster().gpus_per_node;
+  // Every stage's candidates evaluated once, on the whole pool; each half takes those that
+  // fit it (where its granularity is the pool's; otherwise it evaluates its own).
+  const double budget = static_cast<double>(model.budget(o.headroom));
+  std::vector<std::vector<Evaluated>> all(phases.size());
+  for (std::size_t p = 0; p < phases.size(); ++p)
+    for (const ModelStage& s : phases[p]) all[p].push_back(evaluate(model, s, gpus, w, o, budget, job.async));
+  const std::vector<std::vector<Evaluated>> all_generation(all.begin(), all.begin() + 1), all_rest(all.begin() + 1, all.end());
+  auto reuse = [&](int half) { return granularity_of(o, half, gpn) == granularity_of(o, gpus, gpn); };
   std::vector<PlanChoice> found;
   std::vector<double> cycle;  // per found: g + r + u, the tie-breaker
   std::size_t candidates = 0, kept = 0;
   std::string reason;
   for (int g : async_splits(gpus, gpn)) {
-    PlanChoice a = solve(model, job, generation, g, w, o, nullptr, false);
-    PlanChoice b = solve(model, job, rest, gpus - g, w, o, nullptr, false);
+    PlanChoice a = solve(model, job, generation, g, w, o, nullptr, false, reuse(g) ? &all_generation : nullptr);
+    PlanChoice b = solve(model, job, rest, gpus - g, w, o, nullptr, false, reuse(gpus - g) ? &all_rest : nullptr);
     candidates += a.candidates + b.candidates;
     kept += a.frontier + b.frontier;
     if (!a.feasible || !b.feasible) {
