@@ -69,6 +69,14 @@ asio::awaitable<bool> end_step(Job* job) {
   co_return true;
 }
 
+/// One generation run that reads nothing: the version it started on.
+std::int64_t generation_run(asio::io_context& io, Job& job) {
+  StageLease l = run_on(io, job.enter_stage("actor/generate"));
+  const std::int64_t v = l.units()[0].version();
+  l.leave();
+  return v;
+}
+
 /// WeightUpdate::wait() as a value for run_on.
 asio::awaitable<bool> staged(WeightUpdate u) {
   co_await u.wait();
@@ -222,12 +230,7 @@ TEST_CASE("async: a plan change between training steps, beside a generation run;
   const GlobalPlan target = load_global_plan(spec, R"({"actor/generate": "tp=2,pp=1,dp=1,devices=0-1",
     "actor/infer": "tp=1,pp=1,dp=2,devices=2-3", "reference/infer": "tp=1,pp=1,dp=2,devices=2-3",
     "actor/train": "tp=1,pp=1,dp=2,devices=4-5"})");
-  auto gen_run = [&] {
-    StageLease l = run_on(io, job->enter_stage("actor/generate"));
-    const std::int64_t v = l.units()[0].version();
-    l.leave();
-    return v;
-  };
+  auto gen_run = [&] { return generation_run(io, *job); };
   CHECK(gen_run() == 0);
   CHECK(gen_run() == 0);  // runs 0 and 1 may use version 0
   // While training runs, between a training run and end_step, with an update in flight:
@@ -279,12 +282,7 @@ TEST_CASE("async: generation that the framework never updates is kept within max
   LocalTransport local({1, 1 << 20});
   auto job = make_job(io, spec, &local);
   const ModelSpec* m = spec.model("actor").get();
-  auto gen_run = [&] {
-    StageLease l = run_on(io, job->enter_stage("actor/generate"));
-    const std::int64_t v = l.units()[0].version();
-    l.leave();
-    return v;
-  };
+  auto gen_run = [&] { return generation_run(io, *job); };
   CHECK(gen_run() == 0);  // run 0
   CHECK(gen_run() == 0);  // run 1 may use version 0
   run_on(io, train_once(job.get(), m));

@@ -621,7 +621,6 @@ PlanChoice plan_job_exhaustive(const CostModel& model, const JobSpec& job, int g
           const Point& q = evals[p][k].points[pick[at]];
           pt = std::max(pt, q.t), pr = std::max(pr, q.r), g += q.g;
           chosen.push_back({phases[p][k].name(), evals[p][k].candidates[pick[at]], q.t, {}});
-          if (p == 0 && q.r + q.x > budget) return;
           if (p > 0) x = std::max(x, q.x);
         }
         if (g > (p == 0 ? split : gpus - split)) return;
