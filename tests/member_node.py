@@ -5,7 +5,11 @@ checks the first elements of every shard against the fill recomputed independent
 (shards.py), reports per-stage seconds, and writes what it saw as one JSON line a step.
 
   member_node.py NEREUS COORDINATOR RANK NODES TOKEN OUT [--die-at-step K] [--report-stage NAME]
-      [--step-sleep S] [--adopt STAGE,... --adopt-plan PLAN_JSON]
+      [--step-sleep S] [--adopt STAGE,... --adopt-plan PLAN_JSON] [--streams [--generation-sleep S]
+      [--die-stream generation|training]]
+
+--streams: an async job's framework, one thread per stream (generation, training), each
+reporting its own steps (report(stream=...)) while the other computes.
 
 --adopt: the framework's own tensors back these model-stages' units on this node in the
 initial plan (nereus.Member(adopt=...)); it writes the fill into them itself, so the bytes
@@ -15,9 +19,11 @@ import argparse
 import ctypes
 import json
 import os
+import queue
 import re
 import signal
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +39,9 @@ for a in ["nereus", "coordinator", "rank", "nodes", "token", "out"]:
 ap.add_argument("--die-at-step", type=int, default=-1)
 ap.add_argument("--report-stage", default="")  # a bad report: a time for this name
 ap.add_argument("--step-sleep", type=float, default=0.0)  # each step takes at least this long
+ap.add_argument("--streams", action="store_true")
+ap.add_argument("--generation-sleep", type=float, default=0.0)  # with --streams: each generation step takes this long
+ap.add_argument("--die-stream", default="")  # --die-at-step K dies in that stream's step K only
 ap.add_argument("--adopt", default="")
 ap.add_argument("--adopt-plan", default="")
 ap.add_argument("--adopt-claims-cuda", action="store_true")  # the adopted tensors say they are GPU memory (an error)
@@ -99,10 +108,21 @@ def first_elements_match(shard, k=8):
     return ctypes.string_at(shard.data_ptr, len(want)) == want
 
 
-for step in m.steps(timeout=120):
-    out.write(json.dumps({"began": step.step}) + "\n")
-    out.flush()
-    seen = {"step": step.step, "replicas": dict(step.replicas), "units": []}
+written = threading.Lock()
+
+
+def write(record):
+    with written:
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+
+
+def run(step):
+    """The stage's work on the step's units, then its report."""
+    write({"began": step.step, "stream": step.stream})
+    began = time.time()
+    seen = {"step": step.step, "stream": step.stream, "weight_version": step.weight_version,
+            "replicas": dict(step.replicas), "units": []}
     seconds = {}
     for u in step.units:
         t0 = time.perf_counter()
@@ -115,15 +135,46 @@ for step in m.steps(timeout=120):
         seconds[u.model_stage] = max(seconds.get(u.model_stage, 0.0), time.perf_counter() - t0)
         seen["units"].append({"id": u.id, "model_stage": u.model_stage, "replica": u.replica, "devices": list(u.devices),
                               "layout": u.layout, "shards": checked, "fill_ok": ok, "adopted": framework})
-    if step.step == args.die_at_step:
-        os.kill(os.getpid(), signal.SIGKILL)  # mid-step, before reporting
-    time.sleep(args.step_sleep)
+    time.sleep(args.step_sleep + (args.generation_sleep if step.stream == "generation" else 0.0))
+    if step.step == args.die_at_step and args.die_stream in ("", step.stream):
+        os.kill(os.getpid(), signal.SIGKILL)  # at the step's end, before reporting
+    seen["began_at"], seen["ended_at"] = began, time.time()
     if args.report_stage:
         seconds[args.report_stage] = 1.0
     seen["seconds"] = seconds
-    out.write(json.dumps(seen) + "\n")
-    out.flush()
-    m.report(stage_seconds=seconds, response_len_mean=step.response_len, response_len_p95=1.5 * step.response_len)
+    write(seen)
+    m.report(stage_seconds=seconds, response_len_mean=step.response_len, response_len_p95=1.5 * step.response_len,
+             stream=step.stream if args.streams else None)
+
+
+if args.streams:
+    # One worker per stream; at most one step of each is in hand (the coordinator sends a
+    # stream's next step after its report), so the main thread asks for the next step only
+    # while a stream is free.
+    free = threading.Semaphore(2)
+    work = {"generation": queue.Queue(), "training": queue.Queue()}
+
+    def worker(q):
+        while (step := q.get()) is not None:
+            run(step)
+            free.release()
+
+    threads = [threading.Thread(target=worker, args=(q,)) for q in work.values()]
+    for t in threads:
+        t.start()
+    while True:
+        free.acquire()
+        step = m.next_step(timeout=120)
+        if step is None:
+            break
+        work[step.stream].put(step)
+    for q in work.values():
+        q.put(None)
+    for t in threads:
+        t.join()
+else:
+    for step in m.steps(timeout=120):
+        run(step)
 # The node's metrics, read while it still is a node: builds it took part in count as runs.
 text = http_get(m.metrics_listening, "/metrics")
 runs = re.search(r'^nereus_transition_runs_total\{node="%s"\} (\d+)' % args.rank, text, re.M)

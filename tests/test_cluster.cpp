@@ -175,7 +175,7 @@ TEST_CASE("frames: the job messages survive a round trip") {
       UnitBuild{12, {SourceUnit{unit, 1, {buf}}}, UnitDesc{12, "critic/train", "tp=1,pp=1,dp=1,devices=2"}, 300},
       UnitFree{9},
       UnitFreed{9},
-      StepRun{3, 1536.5, {{9, "actor/train", 1}, {12, "critic/train", 0}}},
+      StepRun{3, 1536.5, {{9, "actor/train", 1}, {12, "critic/train", 0}}, 2, 7},
       StepDone{{{"actor/generate", 1.25}, {"actor/train", 0.5}}, 700, 1400, 1u << 30},
       Quantize{},
       Quantized{},
@@ -206,6 +206,11 @@ TEST_CASE("frames: the job messages survive a round trip") {
   CHECK(run.units[0].id == 9);
   CHECK(run.units[0].model_stage == "actor/train");
   CHECK(run.units[0].replica == 1);
+  CHECK(run.stream == 2);  // an async job's training stream
+  CHECK(run.weight_version == 7);
+  StepRun sideways = run;
+  sideways.stream = 3;  // no such stream: refused when decoded
+  CHECK_THROWS_WITH_AS(decode_frame(encode_frame({kProtocolVersion, 1, 0, sideways})), doctest::Contains("stream 3"), Error);
   const auto done = std::get<StepDone>(decode_frame(encode_frame({kProtocolVersion, 1, 0, bodies[8]})).body);
   REQUIRE(done.stage_seconds.size() == 2);
   CHECK(done.stage_seconds[1].first == "actor/train");

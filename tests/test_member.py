@@ -23,6 +23,15 @@ sys.path.insert(0, HERE)
 from harness import check, finish  # noqa: E402
 from daemon_harness import JOB_FROM, JOB_SPREAD, JOB_SPREAD_TO, JOB_TO, start, stop_all, token_file  # noqa: E402
 
+# An async job's plans: generation (devices 3 and 5, one on each framework's node) apart
+# from training; every model-stage but generation keeps a unit off node 2. ASYNC_TO moves
+# generation onto devices 4-5 (tp=2).
+ASYNC_PLAN = {"actor/generate": "tp=1,pp=1,dp=2,devices=3:5", "actor/infer": "tp=1,pp=1,dp=1,devices=0",
+              "actor/train": "tp=1,pp=1,dp=2,devices=0:2", "critic/infer": "tp=1,pp=1,dp=1,devices=1",
+              "critic/train": "tp=1,pp=1,dp=2,devices=1:2", "reference/infer": "tp=1,pp=1,dp=2,devices=1:4",
+              "reward/infer": "tp=1,pp=1,dp=1,devices=0"}
+ASYNC_TO = dict(ASYNC_PLAN, **{"actor/generate": "tp=2,pp=1,dp=1,devices=4-5"})
+
 BIN = sys.argv[1]
 NEREUSD = os.path.join(BIN, "nereusd")
 NEREUS = os.path.join(BIN, "nereus")
@@ -119,6 +128,16 @@ def member_errors():
         check(False, "a report without a step is refused")
     except nereus.Error as e:
         check("no step to report" in str(e), f"a report without a step is refused ({e})")
+    try:
+        m.report(stage_seconds={"actor/train": 1.0}, stream="generation")
+        check(False, "a report for a stream without a step is refused")
+    except nereus.Error as e:
+        check("no generation step to report" in str(e), f"a report for a stream without a step is refused ({e})")
+    try:
+        m.report(stream="sideways")
+        check(False, "an unknown stream is refused")
+    except nereus.Error as e:
+        check("'sideways'" in str(e), f"an unknown stream is named ({e})")
     try:
         m.next_step(timeout=30)
         check(False, "a node that cannot join ends next_step()")
@@ -269,6 +288,85 @@ try:
     text = rep.get("error", "") + err
     check(rc == 1 and re.search(r"node 1: adopt: device \d+ is host memory, and the framework's buffer \S+ cuda memory", text),
           f"framework memory of another kind than the devices is named (rc {rc}, {text.strip()[-300:]})")
+
+    # 3d. An async job (--mode async): each framework runs generation and training on two
+    # threads, each reporting its own stream; generation steps run on the weight version of
+    # a whole update, at most one version behind, and the move to ASYNC_TO after step 1
+    # drains generation first.
+    stop_all(procs[1:])
+    streams = {r: ["--streams", "--generation-sleep", "0.4"] for r in (1, 2)}
+    files = members(addr, "async", streams)
+    check(wait_alive(addr, 3), "the frameworks joined for the async job")
+    rc, rep, err = job(addr, "--mode", "async", "--plan", json.dumps(ASYNC_PLAN), "--to", json.dumps(ASYNC_TO), "--steps", "4")
+    steps = rep.get("steps", [])
+    updates = rep.get("weight_updates", [])
+    check(rc == 0 and rep.get("verified") is True and rep.get("mode") == "async" and rep.get("max_staleness") == 1,
+          f"the async job over framework nodes ends verified (rc {rc}, {rep.get('error')}, {err.strip()[-300:]})")
+    versions = [s.get("weight_version") for s in steps]
+    check(len(steps) == 4 and all(s.get("staleness") == k - v for k, (s, v) in enumerate(zip(steps, versions)))
+          and all(0 <= s.get("staleness", -1) <= 1 for s in steps) and versions == sorted(versions),
+          f"each step's generation ran at most one version behind the trainer ({versions})")
+    check([u.get("version") for u in updates] == [1, 2, 3, 4] and all(u.get("switched") and u.get("moved_bytes", 0) > 0
+                                                                      and u.get("seconds", 0) > 0 for u in updates),
+          f"every training step's weights reached the generation units as a versioned update ({updates})")
+    t = steps[0].get("transition", {}) if steps else {}
+    check(t.get("completed") is True and t.get("drained") is True and t.get("weight_sync", {}).get("version") == 1,
+          f"the move to ASYNC_TO ran with generation drained, and the new generation units hold version 1 ({t})")
+    for r in (1, 2):
+        ended(files[r])
+    seen = [x for r in (1, 2) for x in lines(files[r]) if "step" in x]
+    gen = [x for x in seen if x["stream"] == "generation"]
+    train = [x for x in seen if x["stream"] == "training"]
+    check(gen and train and all(u["model_stage"] == "actor/generate" for x in gen for u in x["units"])
+          and all(u["model_stage"] != "actor/generate" for x in train for u in x["units"]),
+          "generation steps hand the frameworks the generation units only, training steps the others")
+    check(all(u["fill_ok"] for x in seen for u in x["units"]), "every shard the frameworks read matches the fill")
+    by_version = {}
+    for u in updates:
+        by_version[u["version"]] = set(u.get("units", []))
+    mixed = [x for x in gen if len({v for u in x["units"] for v, ids in by_version.items() if u["id"] in ids}) > 1]
+    check(not mixed and all(x["weight_version"] == steps[x["step"] - 1]["weight_version"] for x in gen),
+          f"no generation step read units of two versions, and each ran the version the job reports ({mixed})")
+    both = [(g["step"], t["step"]) for g in gen for t in train
+            if g["began_at"] < t["ended_at"] and t["began_at"] < g["ended_at"]]
+    check(both, "a framework held a generation and a training step at once (two streams)")
+
+    # 3d'. Bad async requests: one line each, before any unit loads.
+    shared = dict(ASYNC_PLAN, **{"actor/generate": "tp=1,pp=1,dp=2,devices=2:3"})
+    rc, rep, err = job(addr, "--mode", "async", "--plan", json.dumps(shared), "--steps", "1")
+    text = rep.get("error", "") + err
+    check(rc == 1 and "actor/generate and actor/train share GPU 2" in text,
+          f"an async plan with generation and training on one GPU is refused (rc {rc}, {text.strip()[-300:]})")
+    for extra, want in ((["--mode", "async", "--overlap"], "--overlap is for sync jobs"),
+                        (["--max-staleness", "2"], "--max-staleness is for async jobs"),
+                        (["--mode", "later"], "'later' is not one of sync, async")):
+        rc, rep, err = job(addr, *extra)
+        check(rc != 0 and want in err, f"{' '.join(extra)}: refused with one line ({err.strip()[-200:]})")
+    r = subprocess.run([NEREUS, "cluster", "job", "--coordinator", addr, "--token-file", TOKEN, "--job", "ppo-tiny",
+                        "--mode", "async"], capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "pass --node-steps" in r.stderr, f"an async job without --node-steps is refused ({r.stderr.strip()[-200:]})")
+
+    # 3e. A node lost while an update is in flight: node 2's framework dies at the end of
+    # generation step 3, while update 2 waits for that step's end to switch in. The update is
+    # dropped, the surviving generation unit keeps its whole version (1), and generation
+    # resumes on the trainer's version after the recovery. (--to the same plan: the plan
+    # holds until the loss, then the controller decides on the survivors.)
+    files = members(addr, "async-kill", {1: ["--streams", "--generation-sleep", "0.6"],
+                                         2: ["--streams", "--generation-sleep", "0.6", "--die-at-step", "3",
+                                             "--die-stream", "generation"]})
+    check(wait_alive(addr, 3), "the frameworks joined for the loss during an update")
+    rc, rep, err = job(addr, "--mode", "async", "--plan", json.dumps(ASYNC_PLAN), "--to", json.dumps(ASYNC_PLAN), "--steps", "4")
+    f = (rep.get("failures") or [{}])[0]
+    updates = {u.get("version"): u for u in rep.get("weight_updates", [])}
+    check(rc == 0 and rep.get("verified") is True, f"the async job survives the loss and verifies (rc {rc}, {rep.get('error')}, "
+          f"{err.strip()[-300:]})")
+    check(f.get("lost_nodes") == [2] and "dropped" in updates.get(2, {}) and not updates.get(2, {}).get("switched"),
+          f"node 2 was lost with update 2 in flight, which was dropped ({f.get('lost_nodes')}, {updates.get(2)})")
+    gv = f.get("generation_versions", {})
+    check(gv and set(gv.values()) == {1}, f"every surviving generation unit was on one whole version, 1 ({gv})")
+    check(f.get("weight_sync", {}).get("version") == 2, f"after the recovery generation holds the trainer's version 2 ({f.get('weight_sync')})")
+    later = [s.get("weight_version") for s in rep.get("steps", [])[3:]]
+    check(later and min(later) >= 2, f"generation steps after the loss ran version 2 or newer ({later})")
 
     # 4. A framework killed mid-step: the job goes on with the survivors' intact units; the
     # framework restarted rejoins at a later step and the job moves onto it again.

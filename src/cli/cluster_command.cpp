@@ -36,7 +36,8 @@ struct JobArgs {
   bool no_verify = false, json = false, node_steps = false, overlap = false;
   int kill_node = -1, freeze_node = -1;
   unsigned steps = 1;
-  std::string inject_at, transport = "ucx-tag";
+  std::string inject_at, transport = "ucx-tag", mode;
+  std::int64_t max_staleness = 0;
 };
 
 #ifdef NEREUS_HAVE_CLUSTER
@@ -103,7 +104,18 @@ int run_job(const JobArgs& a) {
   const Endpoint at = parse_endpoint(a.coordinator, "--coordinator");
   JobRequest r;
   r.job = read_file_or_preset(PresetKind::job, a.job, "job");
-  const JobSpec job = parse_job(r.job, a.job);  // bad input fails here, before any daemon is asked
+  const JobSpec job = with_mode(parse_job(r.job, a.job), a.mode, a.max_staleness);  // bad input fails here, before any daemon is asked
+  if (!a.mode.empty() || a.max_staleness > 0) {  // the coordinator reads the job file's fields
+    nlohmann::json text = nlohmann::json::parse(r.job);
+    text["mode"] = job.async ? "async" : "sync";
+    if (job.async) text["max_staleness"] = job.max_staleness;
+    else text.erase("max_staleness");
+    r.job = text.dump();
+  }
+  if (job.async && !a.node_steps)
+    throw Error("an async job across daemons runs its two streams on the nodes' frameworks: pass --node-steps");
+  if (job.async && a.overlap)
+    throw Error("--overlap is for sync jobs: an async job changes plan between training steps, once generation drained");
   r.cluster = read_file_or_preset(PresetKind::cluster, a.cluster, "cluster");
   parse_cluster(r.cluster, a.cluster);
   if (!a.plan.empty()) parse_global_plan(job, r.plan = plan_text(a.plan), a.plan);
@@ -145,6 +157,8 @@ int run_job(const JobArgs& a) {
                              plan_line(j["initial_plan"]));
     for (const auto& step : j.value("steps", nlohmann::json::array())) {
       std::cout << fmt::format("  step {} (responses {:.0f} tokens): ", step.value("step", 0), step.value("response_len", 0.0));
+      if (step.contains("staleness"))  // an async job: the version generation ran on
+        std::cout << fmt::format("generated on weights v{} (staleness {}); ", step.value("weight_version", 0), step.value("staleness", 0));
       if (step.contains("measured")) {  // --node-steps: what the frameworks measured
         std::string times;
         for (const auto& [stage, seconds] : step["measured"]["stage_seconds"].items())
@@ -168,6 +182,11 @@ int run_job(const JobArgs& a) {
       }
       if (step.contains("transition")) std::cout << transition_lines(step["transition"]);
     }
+    for (const auto& u : j.value("weight_updates", nlohmann::json::array()))
+      std::cout << fmt::format("  weight update v{}: {} in {:.3f} s, generation paused {:.3f} s, {}\n", u.value("version", 0),
+                               human_bytes(u.value("moved_bytes", std::uint64_t{0})), u.value("seconds", 0.0),
+                               u.value("paused_seconds", 0.0),
+                               u.contains("dropped") ? "dropped: " + u.value("dropped", "") : u.value("switched", false) ? "switched in" : "not switched");
     for (const auto& f : j.value("failures", nlohmann::json::array())) {
       std::cout << fmt::format("  lost nodes {} during {} (noticed after {:.3f} s)\n", f["lost_nodes"].dump(), f.value("phase", ""),
                                f.value("detected_seconds", 0.0));
@@ -228,6 +247,11 @@ void add_cluster_command(CLI::App& app) {
   job->add_flag("--node-steps", j->node_steps, "each step runs on the nodes: every node's framework (nereus.Member) runs it on the "
                                                 "units it holds and reports its stage times, which calibrate the controller")
       ->excludes("--step-seconds");
+  job->add_option("--mode", j->mode, "sync or async (default: the job file's): in an async job generation runs on while "
+                                     "training computes, and each training step's weights reach the generation units "
+                                     "as a versioned update (docs/cluster.md, \"Async jobs across nodes\"); needs --node-steps");
+  job->add_option("--max-staleness", j->max_staleness, "an async job's bound on how many versions generation may run behind "
+                                                       "the trainer (default: the job file's, else 1)");
   job->add_flag("--overlap", j->overlap, "with --node-steps: a transition admitted after step k runs while step k+1 computes on "
                                           "the old units (the new plan holds from step k+2); builds that read training state, "
                                           "and destroys, wait for the step's end")

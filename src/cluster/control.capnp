@@ -96,6 +96,8 @@ struct StepRun {
   step @0 :Int64;
   responseLen @1 :Float64;    # the mean response length the coordinator expects (tokens)
   units @2 :List(StepUnit);   # every current unit of the job: a node's framework runs its own
+  stream @3 :UInt8;           # 0: the whole step (sync); 1: generation, 2: training (async jobs)
+  weightVersion @4 :Int64;    # the weight version the step's generation units hold
 }
 
 struct StepUnit {

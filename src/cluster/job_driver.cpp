@@ -445,14 +445,22 @@ GlobalPlan JobDriver::plan_of(const Pool& pool) const {
   return p;
 }
 
-asio::awaitable<std::vector<std::pair<int, StepDone>>> JobDriver::step(std::int64_t step, double response_len) {
-  StepRun run{step, response_len, {}};
-  for (std::size_t s = 0; s < current_.size(); ++s)
-    for (std::size_t i = 0; i < current_[s].size(); ++i)
+asio::awaitable<std::vector<std::pair<int, StepDone>>> JobDriver::step(std::int64_t step, double response_len,
+                                                                     StepStream stream, std::int64_t weight_version) {
+  StepRun run{step, response_len, {}, static_cast<std::uint8_t>(stream), weight_version};
+  std::set<int> holders;  // a stream's step goes to the nodes that hold its units; a whole step to every node
+  for (std::size_t s = 0; s < current_.size(); ++s) {
+    if (stream != StepStream::whole && (stages_[s].kind == StageKind::generate) != (stream == StepStream::generation)) continue;
+    for (std::size_t i = 0; i < current_[s].size(); ++i) {
       run.units.push_back({current_[s][i], stages_[s].name(), static_cast<std::uint32_t>(i)});
+      for (int r : nodes_of_unit(current_[s][i])) holders.insert(r);
+    }
+  }
+  std::vector<int> ranks = alive();
+  if (stream != StepStream::whole) std::erase_if(ranks, [&](int r) { return !holders.count(r); });
   const Body b = std::move(run);
   std::vector<std::pair<int, StepDone>> out;
-  for (auto& [rank, e] : co_await each_surviving(alive(), b, "step")) {
+  for (auto& [rank, e] : co_await each_surviving(ranks, b, "step")) {
     auto* d = std::get_if<StepDone>(&e.body);
     if (!d) throw Error("node " + std::to_string(rank) + " answered a step with " + kind_name(e.body));
     out.emplace_back(rank, std::move(*d));

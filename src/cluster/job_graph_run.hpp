@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nereus/cluster/channel.hpp"
+#include "nereus/cluster/step_host.hpp"
 #include "nereus/cluster/transition_service.hpp"
 #include "nereus/core/global_plan.hpp"
 #include "nereus/plan/transition_graph.hpp"
@@ -75,6 +76,8 @@ class JobDriver {
   asio::awaitable<void> load(const GlobalPlan& plan, const Pool& pool);
   /// The current collections as a plan over `pool` (every unit must be on it).
   GlobalPlan plan_of(const Pool& pool) const;
+  /// Unit `id`'s EMU (global device ids); throws for a unit not recorded.
+  const Emu& emu_of(std::uint32_t id) const { return units_.at(id).emu; }
   /// Each model-stage's current units (ids), in stage order.
   std::vector<std::vector<std::uint32_t>>& current() { return current_; }
 
@@ -114,8 +117,12 @@ class JobDriver {
 
   /// Step `step` on the current units (cluster job --node-steps): every alive node's
   /// framework runs it; the reports of the nodes that answered (a node lost meanwhile is
-  /// its loss, for recover()).
-  asio::awaitable<std::vector<std::pair<int, StepDone>>> step(std::int64_t step, double response_len);
+  /// its loss, for recover()). One stream of an async job's step runs on that stream's
+  /// units (generation: the generation model-stages'; training: the others') and goes to
+  /// the alive nodes holding one of them.
+  asio::awaitable<std::vector<std::pair<int, StepDone>>> step(std::int64_t step, double response_len,
+                                                              StepStream stream = StepStream::whole,
+                                                              std::int64_t weight_version = 0);
   asio::awaitable<nlohmann::json> verify();
   asio::awaitable<void> close();
 

@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -26,7 +27,7 @@ class Host final : public StepHost {
     {
       std::lock_guard lock(m_);
       asked_.clear();  // never answered: the coordinator is gone or finished
-      if (answer_) answer_ = [](StepDone) {};  // the step in hand is void: its report goes nowhere
+      for (auto& [stream, a] : answers_) a.done = [](StepDone) {};  // the steps in hand are void: reports go nowhere
       ended_ = true;
     }
     cv_.notify_all();
@@ -45,15 +46,19 @@ class Host final : public StepHost {
     return cv_.wait_for(lock, timeout, [&] { return ready(); });
   }
 
+  /// A sync job's step must be reported before the next; an async job's framework may hold
+  /// one step of each stream (the coordinator never sends a stream's next step before its
+  /// report).
   std::optional<NodeStep> next() {
     std::unique_lock lock(m_);
-    if (answer_) throw Error("step " + std::to_string(step_) + " was not reported: report() it before asking for the next");
+    if (const auto it = answers_.find(StepStream::whole); it != answers_.end())
+      throw Error("step " + std::to_string(it->second.step) + " was not reported: report() it before asking for the next");
+    if (answers_.size() >= 2) throw Error("a generation and a training step are unreported: report() one before asking for the next");
     cv_.wait(lock, [&] { return ready(); });
     if (!asked_.empty()) {
       Asked a = std::move(asked_.front());
       asked_.pop_front();
-      answer_ = std::move(a.done);
-      step_ = a.step.step;
+      answers_[a.step.stream] = {a.step.step, std::move(a.done)};
       return std::move(a.step);
     }
     if (ended_) {
@@ -63,13 +68,21 @@ class Host final : public StepHost {
     throw Error(error_.empty() ? std::string("the node has stopped") : "the node stopped: " + error_);
   }
 
-  void report(StepDone d) {
+  void report(std::optional<StepStream> stream, StepDone d) {
     std::function<void(StepDone)> answer;
     {
       std::lock_guard lock(m_);
-      if (!answer_) throw Error("no step to report: next_step() gave none, or it was reported already");
-      answer = std::move(answer_);
-      answer_ = nullptr;
+      if (answers_.empty() && !stream) throw Error("no step to report: next_step() gave none, or it was reported already");
+      auto it = answers_.begin();
+      if (stream) {
+        it = answers_.find(*stream);
+        if (it == answers_.end())
+          throw Error(std::string("no ") + to_string(*stream) + " step to report: next_step() gave none, or it was reported already");
+      } else if (answers_.size() > 1) {
+        throw Error("a generation and a training step are unreported: say which one this report answers");
+      }
+      answer = std::move(it->second.done);
+      answers_.erase(it);
     }
     answer(std::move(d));  // posts to the daemon's loop
   }
@@ -89,8 +102,11 @@ class Host final : public StepHost {
   mutable std::mutex m_;
   std::condition_variable cv_;
   std::deque<Asked> asked_;
-  std::function<void(StepDone)> answer_;  // the step handed out and not yet reported
-  std::int64_t step_ = 0;
+  struct Answer {
+    std::int64_t step = 0;
+    std::function<void(StepDone)> done;
+  };
+  std::map<StepStream, Answer> answers_;  // the steps handed out and not yet reported, by stream
   bool ended_ = false, stopped_ = false;
   std::string error_;
 };
@@ -141,7 +157,8 @@ Endpoint Member::listening() const { return s_->listening; }
 std::optional<Endpoint> Member::metrics_listening() const { return s_->metrics; }
 bool Member::wait(std::chrono::milliseconds timeout) { return s_->host->wait(timeout); }
 std::optional<NodeStep> Member::next_step() { return s_->host->next(); }
-void Member::report(StepDone measured) { s_->host->report(std::move(measured)); }
+void Member::report(StepDone measured) { s_->host->report(std::nullopt, std::move(measured)); }
+void Member::report(StepStream stream, StepDone measured) { s_->host->report(stream, std::move(measured)); }
 bool Member::running() const { return !s_->host->stopped(); }
 
 void Member::stop() {

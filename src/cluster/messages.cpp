@@ -323,7 +323,8 @@ Body body_of(w::Envelope::Body::Reader e) {
     case w::Envelope::Body::UNIT_FREED: return UnitFreed{e.getUnitFreed()};
     case w::Envelope::Body::STEP_RUN: {
       auto r = e.getStepRun();
-      StepRun out{r.getStep(), r.getResponseLen(), {}};
+      StepRun out{r.getStep(), r.getResponseLen(), {}, r.getStream(), r.getWeightVersion()};
+      if (out.stream > 2) throw Error("a step of stream " + std::to_string(out.stream) + " (0, 1 or 2)");
       const auto units = r.getUnits();
       check_size(units, kMaxSources, "step units");
       for (auto u : units) out.units.push_back({u.getId(), text_of(u.getModelStage(), "model-stage"), u.getReplica()});
@@ -525,6 +526,8 @@ Bytes encode_frame(const Envelope& e) {
                    auto o = body.initStepRun();
                    o.setStep(r.step);
                    o.setResponseLen(r.response_len);
+                   o.setStream(r.stream);
+                   o.setWeightVersion(r.weight_version);
                    auto l = o.initUnits(static_cast<unsigned>(r.units.size()));
                    for (unsigned i = 0; i < r.units.size(); ++i) {
                      l[i].setId(r.units[i].id);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "nereus/cluster/clock_sync.hpp"
 #include "nereus/cluster/job_service.hpp"
@@ -51,6 +52,15 @@ FaultMoment parse_fault_moment(const std::string& text) {
   throw Error("fault moment '" + text + "': expected build, load or a delay such as 250ms (at most 3600000ms)");
 }
 
+const char* to_string(StepStream s) {
+  switch (s) {
+    case StepStream::generation: return "generation";
+    case StepStream::training: return "training";
+    case StepStream::whole: break;
+  }
+  return "whole";
+}
+
 struct NodeJob::State {
   asio::io_context& io;
   int rank;
@@ -84,7 +94,10 @@ struct NodeJob::State {
   // into the freed channel (ASan, benches/soak.sh with ucx-tag).
   AsyncScope replies{io.get_executor()};
   std::shared_ptr<Channel*> reply_to;  // where builds and steps report; cleared when the session ends
-  int stepping = 0;                     // steps handed to the framework and not answered
+  // Steps handed to the framework and not answered: their streams, and the units they hold
+  // (an async job's two streams run at once, on disjoint units).
+  std::set<int> streams_stepping;
+  std::map<std::uint32_t, int> in_step;
   Offload offload;
 
   State(asio::io_context& i, int r, std::vector<std::unique_ptr<Device>>& d, Metrics& m, StepHost* h,
@@ -256,6 +269,7 @@ struct NodeJob::State {
     LocalUnit* target = held_target == units.end() ? nullptr : &held_target->second;
     if (!target && !two_sided) throw Error(me() + " holds no unit " + std::to_string(b.target));
     if (target && target->building) throw Error("unit " + std::to_string(b.target) + " is already being built");
+    if (target && in_step.count(b.target)) throw Error("unit " + std::to_string(b.target) + " is in use by the framework's step");
     // The plan the coordinator derived too (JobDriver::senders), from the same message: every
     // node of the build binds its side of the same messages. It checks the message first.
     const ReshardPlan plan = detail::plan_build(stages, b);
@@ -322,12 +336,18 @@ struct NodeJob::State {
   /// writes, and frees nothing until every node answered.
   void step(const StepRun& r, std::uint64_t request) {
     check_adoption(r.step);
-    NodeStep ns{r.step, r.response_len, job, {}, {}};
+    const auto stream = static_cast<StepStream>(r.stream);
+    if (streams_stepping.count(0) || (stream == StepStream::whole && !streams_stepping.empty()) ||
+        streams_stepping.count(r.stream))
+      throw Error(me() + ": a " + to_string(stream) + " step while a step of the same stream (or a whole step) is unanswered");
+    NodeStep ns{r.step, r.response_len, job, {}, {}, stream, r.weight_version};
+    std::vector<std::uint32_t> held;
     for (const StepRun::Unit& u : r.units) {
       ++ns.replicas[u.model_stage];
       const auto it = units.find(u.id);
       if (it == units.end()) continue;  // no GPU of it on this node
       if (it->second.building) throw Error("unit " + std::to_string(u.id) + " is still being built");
+      if (in_step.count(u.id)) throw Error("unit " + std::to_string(u.id) + " is in use by the framework's other step");
       const LocalUnit& lu = it->second;
       NodeUnit v{u.id, u.model_stage, static_cast<int>(u.replica), lu.one.units[0], lu.buffers, {}, MemoryKind::host, {}};
       for (std::size_t b = 0; b < lu.memory.size(); ++b) {
@@ -338,15 +358,20 @@ struct NodeJob::State {
         v.gpu.push_back(dev ? dev->gpu() : 0);
       }
       ns.units.push_back(std::move(v));
+      held.push_back(u.id);
     }
-    ++stepping;
+    streams_stepping.insert(r.stream);
+    for (std::uint32_t id : held) ++in_step[id];
     auto reply = reply_to;
     auto answered = std::make_shared<std::atomic<bool>>(false);
-    host->step(std::move(ns), [this, reply, answered, request, ex = io.get_executor()](StepDone d) {
+    const int which = r.stream;
+    host->step(std::move(ns), [this, reply, answered, request, which, held, ex = io.get_executor()](StepDone d) {
       if (answered->exchange(true)) return;  // once
-      asio::post(ex, [this, reply, request, d = std::move(d)]() mutable {
+      asio::post(ex, [this, reply, request, which, held, d = std::move(d)]() mutable {
         if (!reply || !*reply) return;  // the job closed meanwhile; its state is gone
-        --stepping;
+        streams_stepping.erase(which);
+        for (std::uint32_t id : held)
+          if (--in_step[id] == 0) in_step.erase(id);
         // In the replies' scope, which close() joins: the send never outlives the channel.
         replies.spawn(send_late(reply, Envelope{kProtocolVersion, request, 0, std::move(d)}));
       });
@@ -363,7 +388,7 @@ struct NodeJob::State {
 
   void free(std::uint32_t id) {
     LocalUnit& u = unit(id);
-    if (stepping > 0) throw Error("unit " + std::to_string(id) + " is in use by the framework's step");
+    if (in_step.count(id)) throw Error("unit " + std::to_string(id) + " is in use by the framework's step");
     if (u.readers > 0 || u.building) throw Error("unit " + std::to_string(id) + " is in use by a build");
     units.erase(id);
   }
@@ -490,7 +515,8 @@ asio::awaitable<void> NodeJob::close() {
   if (s.reply_to) *s.reply_to = nullptr;
   if (!s.job) co_return;
   if (s.host) s.host->closed();
-  s.stepping = 0;
+  s.streams_stepping.clear();
+  s.in_step.clear();
   const bool stopped = co_await s.abort(std::chrono::seconds(2));  // joined when it returns true
   // No reply outlives the channel. On a live channel they end at once; one stuck behind
   // a write the coordinator does not read is cancelled (a sender waiting its turn leaves

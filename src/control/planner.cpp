@@ -676,16 +676,9 @@ void async_estimate(const CostModel& model, const JobSpec& job, const GlobalPlan
     if (s.kind != StageKind::generate) continue;
     e.generation_seconds = std::max(e.generation_seconds, e.stage_seconds[i]);
     rest[i] = 0;
-    for (std::size_t j = 0; j < og.stages.size() && e.refusal.empty(); ++j) {
-      if (og.stages[j].kind != StageKind::train) continue;
-      for (DeviceId d : plan.find(og.stages[j].name())->devices)
-        if (std::find(spec.devices.begin(), spec.devices.end(), d) != spec.devices.end()) {
-          e.refusal = s.name() + " and " + og.stages[j].name() + " share GPU " + std::to_string(d) +
-                      ": an async job runs generation and training on GPUs apart";
-          break;
-        }
-    }
   }
+  if (const std::string shared = streams_sharing_gpu(job, plan); !shared.empty())
+    e.refusal = shared + ": an async job runs generation and training on GPUs apart";
   e.training_seconds = og.step_seconds(rest);
   e.update_seconds = update_seconds(model, job, stages, inside, w);
   e.step_seconds = async_step_seconds(e.generation_seconds, e.training_seconds, e.update_seconds, job.max_staleness);

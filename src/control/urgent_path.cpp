@@ -61,6 +61,7 @@ std::string Controller::shortfall(const GlobalPlan& current, const Signals& s, c
   const std::string at = "step " + std::to_string(s.step) + " cannot run on the current plan: ";
   if (outside_pool(current, s.gpus)) return at + "it has units on GPUs that left the pool";
   const PlanEstimate e = estimate_plan(model_, job_, current, w, options_.headroom);
+  if (!e.refusal.empty()) return at + e.refusal;
   if (e.fits) return at + "it fits by the cost model, yet the memory trigger fired";
   return at + "GPU " + std::to_string(e.peak_device) + " needs " + human_bytes(e.peak_memory_bytes) + " with " +
          e.peak_stage + "'s working memory, over its budget of " + human_bytes(e.budget_bytes) + " (" +

@@ -81,6 +81,22 @@ bool outside_pool(const GlobalPlan& plan, int gpus) {
   return false;
 }
 
+std::string streams_sharing_gpu(const JobSpec& job, const GlobalPlan& plan) {
+  const std::vector<ModelStage> stages = model_stages(job);
+  for (const ModelStage& g : stages) {
+    const CollectionSpec* gen = g.kind == StageKind::generate ? plan.find(g.name()) : nullptr;
+    if (!gen) continue;
+    for (const ModelStage& t : stages) {
+      const CollectionSpec* train = t.kind == StageKind::train ? plan.find(t.name()) : nullptr;
+      if (!train) continue;
+      for (DeviceId d : train->devices)
+        if (std::find(gen->devices.begin(), gen->devices.end(), d) != gen->devices.end())
+          return g.name() + " and " + t.name() + " share GPU " + std::to_string(d);
+    }
+  }
+  return {};
+}
+
 std::string to_string(const GlobalPlan& plan) {
   std::string out;
   for (const auto& [name, spec] : plan.stages) out += (out.empty() ? "" : " ") + name + "=" + to_string(spec);

@@ -43,7 +43,15 @@ struct PyStep {
   double response_len = 0;
   std::map<std::string, int> replicas;
   py::list units;
+  std::string stream = "whole";
+  std::int64_t weight_version = 0;
 };
+
+cluster::StepStream stream_of(const std::string& name) {
+  for (auto s : {cluster::StepStream::whole, cluster::StepStream::generation, cluster::StepStream::training})
+    if (name == cluster::to_string(s)) return s;
+  throw Error("stream must be 'whole', 'generation' or 'training', not '" + name + "'");
+}
 
 cluster::DaemonOptions options_of(const std::string& coordinator, std::optional<int> rank, std::optional<int> nodes,
                                   const std::optional<std::string>& token_file, int devices, py::handle capacity,
@@ -109,9 +117,14 @@ void bind_member(py::module_& m) {
       .def_readonly("step", &PyStep::step)
       .def_readonly("response_len", &PyStep::response_len, "The mean response length the coordinator expects.")
       .def_readonly("replicas", &PyStep::replicas, "Each model-stage's unit count (its DP degree).")
-      .def_readonly("units", &PyStep::units, "The current units with memory on this node.")
+      .def_readonly("units", &PyStep::units, "The current units with memory on this node (of the step's stream).")
+      .def_readonly("stream", &PyStep::stream,
+                    "'whole' (sync jobs), or in an async job 'generation' or 'training' (docs/cluster.md).")
+      .def_readonly("weight_version", &PyStep::weight_version,
+                    "Of a generation step, the weight version its units hold; of a training step, the one it trains from.")
       .def("__repr__", [](const PyStep& s) {
-        return "<Step " + std::to_string(s.step) + ", " + std::to_string(py::len(s.units)) + " units here>";
+        return "<Step " + std::to_string(s.step) + (s.stream == "whole" ? std::string() : " " + s.stream) + ", " +
+               std::to_string(py::len(s.units)) + " units here>";
       });
 
   py::class_<PyMember, std::shared_ptr<PyMember>>(m, "Member",
@@ -166,7 +179,7 @@ void bind_member(py::module_& m) {
               s = p->member->next_step();
             }
             if (!s) return py::none();
-            PyStep out{s->step, s->response_len, s->replicas, py::list()};
+            PyStep out{s->step, s->response_len, s->replicas, py::list(), cluster::to_string(s->stream), s->weight_version};
             for (NodeUnit& u : s->units) out.units.append(PyNodeUnit{p, s->job, std::move(u)});
             return py::cast(std::move(out));
           },
@@ -176,13 +189,17 @@ void bind_member(py::module_& m) {
       .def(
           "report",
           [](PyMember& p, std::map<std::string, double> stage_seconds, double response_len_mean, double response_len_p95,
-             std::uint64_t peak_bytes) {
+             std::uint64_t peak_bytes, std::optional<std::string> stream) {
             cluster::StepDone d{{stage_seconds.begin(), stage_seconds.end()}, response_len_mean, response_len_p95, peak_bytes};
-            p.member->report(std::move(d));
+            if (stream)
+              p.member->report(stream_of(*stream), std::move(d));
+            else
+              p.member->report(std::move(d));
           },
           py::arg("stage_seconds") = std::map<std::string, double>{}, py::arg("response_len_mean") = 0.0,
-          py::arg("response_len_p95") = 0.0, py::arg("peak_bytes") = 0,
-          "Answers the step with what this node measured; its units' views are invalid from here on.")
+          py::arg("response_len_p95") = 0.0, py::arg("peak_bytes") = 0, py::arg("stream") = py::none(),
+          "Answers the step with what this node measured; its units' views are invalid from here on. In an async "
+          "job, where a generation and a training step may be in hand at once, `stream` names which one it answers.")
       .def("stop", [](PyMember& p) { p.member->stop(); }, "Stops the node; its units are freed.");
 }
 

@@ -10,6 +10,10 @@
 //     m.report({{{"actor/train", 1.8}}});    // measured times: the controller calibrates
 //   }                                        // nullopt: the job on this node ended
 //
+// In an async job (docs/cluster.md, "Async jobs across nodes") steps come in two streams,
+// NodeStep::stream: generation steps on the generation units and training steps on the
+// others, and the framework may hold one of each at once.
+//
 // Between two steps (or beside one, with `cluster job --overlap`, never touching the
 // step's units) the coordinator may run a transition: the next step's units can be
 // others, on other devices. A view is valid until report().
@@ -46,8 +50,12 @@ class Member {
   std::optional<NodeStep> next_step();
   /// Answers the step next_step() gave with what the framework measured (zeros where it
   /// measured nothing); when the job ended meanwhile, the report goes nowhere. Throws
-  /// Error when there is no step to answer.
+  /// Error when there is no step to answer, or when two are unanswered (an async job's
+  /// generation and training steps: the overload below names which).
   void report(StepDone measured);
+  /// Answers the unreported step of `stream` (async jobs: one step of each stream may be
+  /// in hand at once, e.g. on two threads of the framework).
+  void report(StepStream stream, StepDone measured);
   /// Whether the node is still running (false after an error or stop()).
   bool running() const;
   void stop();

@@ -220,7 +220,10 @@ struct StepRun {
   };
   std::int64_t step = 0;
   double response_len = 0;  ///< the mean response length the coordinator expects
-  std::vector<Unit> units;  ///< every current unit of the job
+  std::vector<Unit> units;  ///< every current unit of the job; of a stream step: the stream's
+  /// 0: the whole step; in an async job 1: its generation stream, 2: its training stream.
+  std::uint8_t stream = 0;
+  std::int64_t weight_version = 0;  ///< the version of the weights the generation units hold
 };
 /// What one node's framework measured in a step; zeros where it measured nothing.
 struct StepDone {

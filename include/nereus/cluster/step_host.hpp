@@ -34,20 +34,31 @@ struct NodeUnit {
   std::vector<int> gpu;          ///< one per buffer: its device's CUDA ordinal (0 for host memory)
 };
 
+/// Which work a step is: the whole step (sync jobs), or one stream of an async job —
+/// generation on the generation model-stages' units, or the inference and training
+/// phases on the others (docs/cluster.md, "Async jobs across nodes").
+enum class StepStream { whole = 0, generation = 1, training = 2 };
+const char* to_string(StepStream s);
+
 /// A step the coordinator asks this node to run.
 struct NodeStep {
   std::int64_t step = 0;
   double response_len = 0;                  ///< the mean response length the coordinator expects
   std::shared_ptr<const JobSpec> job;
   std::map<std::string, int> replicas;      ///< each model-stage's unit count (its DP degree)
-  std::vector<NodeUnit> units;              ///< the current units with buffers on this node
+  std::vector<NodeUnit> units;              ///< the current units with buffers on this node (of the stream)
+  StepStream stream = StepStream::whole;
+  /// Of a generation step: the weight version its units hold (0: the loaded weights; k:
+  /// training step k's); of a training step: the version it trains from (k − 1).
+  std::int64_t weight_version = 0;
 };
 
 class StepHost {
  public:
   virtual ~StepHost() = default;
   /// Called on the daemon's event loop. `done` must be called once, from any thread; the
-  /// units' memory stays the step's until then (no transition runs during a step).
+  /// units' memory stays the step's until then (no transition runs during a step). In an
+  /// async job a node may hold one step of each stream at once, on disjoint units.
   virtual void step(NodeStep s, std::function<void(StepDone)> done) = 0;
   /// The job on this node ended (finished, or the coordinator went away): a step not yet
   /// answered never will be, and its units' memory is released.

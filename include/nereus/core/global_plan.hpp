@@ -37,6 +37,9 @@ std::string to_json_text(const GlobalPlan& plan);
 bool outside_pool(const GlobalPlan& plan, int gpus);
 /// One line: "model-stage=spec model-stage=spec ..." (logs, and as a key).
 std::string to_string(const GlobalPlan& plan);
+/// In an async job generation and training run at once: "G and T share GPU d" for the
+/// first generation and training model-stages of `plan` on one GPU, empty when none are.
+std::string streams_sharing_gpu(const JobSpec& job, const GlobalPlan& plan);
 
 /// The EMU collections of a plan, one per model-stage in stage order; training stages carry
 /// the optimizer slots. Throws Error (naming the model-stage) on an invalid collection or,
