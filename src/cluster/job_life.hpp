@@ -205,7 +205,7 @@ class JobLife {
   }
 
   /// A phase of the job: `name` on the timeline; `kind` is what a failure during it says
-  /// (connect, load, idle (no graph runs: the stages' work), transition, recovery, verify).
+  /// (connect, load, idle (no graph runs: the stages' work), sync, update, transition, recovery, verify).
   void begin(const std::string& name, const char* kind) {
     log(LogLevel::debug, "job", "{} begins ({})", name, kind);
     phase_ = name;
