@@ -354,13 +354,14 @@ TEST_CASE("ground truth: generation slows down rather than fails when the KV cac
   CHECK(expected_max_length(1000, 1000, 1024) == doctest::Approx(1000));
 }
 
-TEST_CASE("ground truth: written apart from the cost model (no include of control/ or plan/, directly or not)") {
-  const char* root = std::getenv("NEREUS_SOURCE");
-  REQUIRE_MESSAGE(root, "NEREUS_SOURCE names the source tree");
-  const std::string src = root;
+namespace {
+/// The nereus headers `file` includes, directly or not, each checked against `forbidden`
+/// prefixes; none of them but plan/'s (what moves, which names its estimates) may name the
+/// cost model or its estimates.
+std::set<std::string> includes_of(const std::string& src, const std::string& file, const std::vector<std::string>& forbidden) {
   const std::regex include(R"re(#include\s+"(nereus/[^"]+)")re");
   std::set<std::string> seen;
-  std::vector<std::string> pending = {src + "/src/sim/truth.cpp"};
+  std::vector<std::string> pending = {src + file};
   while (!pending.empty()) {
     const std::string path = pending.back();
     pending.pop_back();
@@ -369,16 +370,36 @@ TEST_CASE("ground truth: written apart from the cost model (no include of contro
     std::stringstream text;
     text << in.rdbuf();
     const std::string body = text.str();
-    CHECK_MESSAGE(body.find("CostModel") == std::string::npos, path);
-    CHECK_MESSAGE(body.find("estimate_plan") == std::string::npos, path);
+    if (path.find("/include/nereus/plan/") == std::string::npos)
+      for (const char* name : {"CostModel", "estimate_plan", "Controller", "beside_steps", "l_tran_seconds", "critical_path_seconds"})
+        CHECK_MESSAGE(body.find(name) == std::string::npos, (path + " names " + name));
     for (std::sregex_iterator it(body.begin(), body.end(), include), end; it != end; ++it) {
       const std::string header = (*it)[1];
-      const std::string what = path + " includes " + header;
-      CHECK_MESSAGE(header.rfind("nereus/control/", 0) != 0, what);
-      CHECK_MESSAGE(header.rfind("nereus/plan/", 0) != 0, what);
+      for (const std::string& prefix : forbidden) CHECK_MESSAGE(header.rfind(prefix, 0) != 0, (path + " includes " + header));
       if (seen.insert(header).second) pending.push_back(src + "/include/" + header);
     }
   }
+  return seen;
+}
+}  // namespace
+
+TEST_CASE("ground truth of transitions: what moves from plan/, nothing of control/, not the graph's estimated times") {
+  const char* root = std::getenv("NEREUS_SOURCE");
+  REQUIRE_MESSAGE(root, "NEREUS_SOURCE names the source tree");
+  const std::set<std::string> seen = includes_of(root, "/src/sim/truth_transition.cpp", {"nereus/control/"});
+  CHECK(seen.count("nereus/plan/transition_graph.hpp") == 1);
+  std::ifstream in(std::string(root) + "/src/sim/truth_transition.cpp");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string body = text.str();
+  CHECK(body.find(".seconds") == std::string::npos);  // GraphNode::seconds: the cost model's estimate
+  CHECK(body.find("node.start") == std::string::npos);
+}
+
+TEST_CASE("ground truth: written apart from the cost model (no include of control/ or plan/, directly or not)") {
+  const char* root = std::getenv("NEREUS_SOURCE");
+  REQUIRE_MESSAGE(root, "NEREUS_SOURCE names the source tree");
+  const std::set<std::string> seen = includes_of(root, "/src/sim/truth.cpp", {"nereus/control/", "nereus/plan/"});
   CHECK(seen.count("nereus/sim/truth.hpp") == 1);
 }
 
@@ -476,4 +497,116 @@ TEST_CASE("controller: every plan it proposes holds each model-stage as the job 
     on = d.target;
   }
   CHECK(admitted >= 2);
+}
+
+namespace {
+/// Two nodes of four GPUs, the ppo-tiny job, and every stage on a GPU of its own.
+struct TinyMove {
+  ClusterSpec cluster = load_cluster("paper-cluster-2-a100");
+  JobSpec job = load_job("ppo-tiny");
+  TinyMove() { cluster.nodes = 2; }
+  GlobalPlan plan(const std::string& moved, const std::string& devices) const {
+    std::string text = "{";
+    int gpu = 0;
+    for (const ModelStage& s : model_stages(job)) {
+      const std::string at = s.name() == moved ? devices : std::to_string(gpu % 4);
+      text += (text.size() > 1 ? ", \"" : "\"") + s.name() + "\": \"tp=1,pp=1,dp=1,devices=" + at + "\"";
+      ++gpu;
+    }
+    return parse_global_plan(job, text + "}", "test plan");
+  }
+  TransitionGraph graph(const GlobalPlan& from, const GlobalPlan& to) const {
+    const Controller ctl(job, cluster);
+    return ctl.transition(from, to, Signals{1, static_cast<int>(cluster.gpus()), 128, 128, 1});
+  }
+};
+
+/// The graph's builds one after another, alone on the links, computed here from their
+/// transfers: each build's messages' setup on its busiest GPU, and its busiest link's bytes
+/// at the link's rate.
+struct Alone {
+  double setup = 0, bytes = 0;
+};
+Alone alone_seconds(const TransitionGraph& g, const ClusterSpec& c, double intra_eff, double inter_eff) {
+  Alone span;
+  for (const GraphNode& n : g.nodes) {
+    if (!n.is_build()) continue;
+    std::map<int, double> setup, port_out, port_in, nic_out, nic_in, hbm;
+    for (const Transfer& t : plan_build(g, n, LinkModel::of(c)).plan.transfers()) {
+      const int a = int(t.src), b = int(t.dst), ga = a / c.gpus_per_node, gb = b / c.gpus_per_node;
+      if (a == b) {
+        hbm[a] += double(t.bytes) / (c.hbm_gbps * 1e9 * 0.85 / 2);
+        continue;
+      }
+      const double m = ga == gb ? 3e-6 : 8e-6;
+      setup[a] += m, setup[b] += m;
+      if (ga == gb) {
+        port_out[a] += double(t.bytes) / (c.intra_node_gbps * 1e9 * intra_eff);
+        port_in[b] += double(t.bytes) / (c.intra_node_gbps * 1e9 * intra_eff);
+      } else {
+        nic_out[ga] += double(t.bytes) / (c.inter_node_gbps * 1e9 * c.nics_per_node * inter_eff);
+        nic_in[gb] += double(t.bytes) / (c.inter_node_gbps * 1e9 * c.nics_per_node * inter_eff);
+      }
+    }
+    double s = 0, busiest = 0;
+    for (const auto& [gpu, x] : setup) s = std::max(s, x);
+    for (const auto* side : {&port_out, &port_in, &nic_out, &nic_in, &hbm})
+      for (const auto& [k, x] : *side) busiest = std::max(busiest, x);
+    span.setup += s;
+    span.bytes += busiest;
+  }
+  return span;
+}
+}  // namespace
+
+TEST_CASE("ground truth of transitions: one build alone takes its setup plus its busiest link's bytes; beside the steps, "
+          "frozen models move before the boundary at a share of the links, trained ones from the boundary") {
+  const TinyMove m;
+  // actor/generate from GPU 0 to GPU 5 (the other node): one build, its bytes over the NICs.
+  const GlobalPlan from = m.plan("", ""), gen_to = m.plan("actor/generate", "5");
+  const TransitionGraph g = m.graph(from, gen_to);
+  REQUIRE(g.feasibility.ok);
+  REQUIRE(std::count_if(g.nodes.begin(), g.nodes.end(), [](const GraphNode& n) { return n.is_build(); }) == 1);
+  GroundTruth quiet(m.cluster, 1, 0);  // no jitter
+  const Alone parts = alone_seconds(g, m.cluster, quiet.intra_efficiency(), quiet.inter_efficiency());
+  const double want = parts.setup + parts.bytes;
+  REQUIRE(parts.bytes > 0);
+  const TruthTransition alone = quiet.run_transition(g, m.job, {});
+  CHECK(alone.span == doctest::Approx(want).epsilon(1e-6));
+  CHECK(alone.ready.at("actor/generate") == doctest::Approx(want).epsilon(1e-6));
+  // NICs twice as slow: the bytes take twice as long, the setup not.
+  TruthTransitionOptions slow;
+  slow.link_slowdown = 2;
+  CHECK(quiet.run_transition(g, m.job, slow).span == doctest::Approx(parts.setup + 2 * parts.bytes).epsilon(1e-6));
+  // Beside the steps: actor trains, so its copy starts at the boundary, and generation
+  // copies after it run alone — the same time, from 0.
+  TruthTransitionOptions beside;
+  beside.beside = true;
+  beside.early = -1;
+  const TruthTransition trained = quiet.run_transition(g, m.job, beside);
+  CHECK(trained.ready.at("actor/generate") == doctest::Approx(want).epsilon(1e-6));
+  // reference/infer (frozen) moves from 1 s before the boundary, sharing the links with
+  // the stages then: between 1.25 and 5 times slower (they take 20–80% of the links).
+  const TransitionGraph r = m.graph(from, m.plan("reference/infer", "6"));
+  const Alone ref = alone_seconds(r, m.cluster, quiet.intra_efficiency(), quiet.inter_efficiency());
+  CHECK(quiet.run_transition(r, m.job, {}).span == doctest::Approx(ref.setup + ref.bytes).epsilon(1e-6));
+  std::set<double> seen;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    GroundTruth t(m.cluster, seed, 0);
+    const double took = t.run_transition(r, m.job, beside).ready.at("reference/infer") + 1;  // from 1 s before the boundary
+    CHECK(took > ref.setup + 1.25 * ref.bytes - 1e-9);
+    CHECK(took < ref.setup + 5.0 * ref.bytes + 1e-9);
+    seen.insert(took);
+  }
+  CHECK(seen.size() == 8);  // the stages' share is drawn per transition
+  // Two builds over the same NICs at once (reference/infer and reward/infer to node 1):
+  // they share the links, so together they take their bytes' time summed, not the max.
+  GlobalPlan both = m.plan("reference/infer", "6");
+  for (auto& [name, spec] : both.stages)
+    if (name == "reward/infer") spec.devices = {7};
+  const TransitionGraph two = m.graph(from, both);
+  const Alone each = alone_seconds(two, m.cluster, quiet.intra_efficiency(), quiet.inter_efficiency());
+  const double together = quiet.run_transition(two, m.job, {}).span;
+  CHECK(together > each.bytes - 1e-9);
+  CHECK(together <= each.setup + each.bytes + 1e-9);
 }

@@ -12,6 +12,10 @@ asio::awaitable<void> JobLife::wait_until(std::function<bool()> ready) {
   while (!ready()) co_await d_.changed().wait();
 }
 
+asio::awaitable<void> JobLife::generation_idle() {
+  while (gen_running_) co_await d_.changed().wait();
+}
+
 asio::awaitable<void> JobLife::run_async(long n, const std::optional<GlobalPlan>& forced) {
   AsyncScope scope(d_.executor());
   scope.spawn(generation_stream(n));
@@ -33,7 +37,9 @@ asio::awaitable<void> JobLife::run_async(long n, const std::optional<GlobalPlan>
 asio::awaitable<void> JobLife::generation_stream(long n) {
   const std::int64_t s = d_.job().max_staleness;
   for (long j = 1; j <= n; ++j) {
-    const auto may_start = [&] { return gen_stop_ || (!hold_ && !lost_pending() && gen_version_ >= j - 1 - s); };
+    // std::function rather than a lambda's own type: coroutine frames keep these, and
+    // JobLife is shared by two sources (a lambda's type has no linkage).
+    const std::function<bool()> may_start = [&] { return gen_stop_ || (!hold_ && !lost_pending() && gen_version_ >= j - 1 - s); };
     while (!may_start()) {
       if (!hold_ && !lost_pending() && !waiting_version_) {  // standing still for the next version only
         waiting_version_ = true;
@@ -83,7 +89,8 @@ asio::awaitable<void> JobLife::training_stream(long n, const std::optional<Globa
     json step{{"step", k}, {"response_len", len}};
     // Step k's rollouts: generation step k answered (recovering from losses meanwhile).
     for (;;) {
-      co_await wait_until([&] { return generated_.count(k) || lost_pending() || gen_stop_; });
+      const std::function<bool()> rollouts = [&] { return generated_.count(k) || lost_pending() || gen_stop_; };
+      co_await wait_until(rollouts);
       if (lost_pending()) {
         co_await recover_async(k, len);
         continue;
@@ -113,7 +120,7 @@ asio::awaitable<void> JobLife::training_stream(long n, const std::optional<Globa
     if (!lost_pending()) {
       // Weight sync in place for the training stream's own inference stages, then the
       // update of version k into fresh generation units beside generation.
-      const auto rest = [&](std::size_t, std::size_t m) { return d_.stages()[m].kind != StageKind::generate; };
+      const std::function<bool(std::size_t, std::size_t)> rest = [&](std::size_t, std::size_t m) { return d_.stages()[m].kind != StageKind::generate; };
       step["weight_sync"] = co_await sync_in_place(rest, k, len);
       co_await build_update(k);
     }
@@ -150,7 +157,7 @@ asio::awaitable<void> JobLife::training_stream(long n, const std::optional<Globa
 
 asio::awaitable<void> JobLife::build_update(long k) {
   if (staged_) {  // the last one not switched yet (never with these streams; kept safe)
-    co_await wait_until([&] { return !gen_running_; });
+    co_await generation_idle();
     co_await switch_staged();
   }
   const auto t0 = clock::now();
@@ -238,7 +245,7 @@ asio::awaitable<void> JobLife::drop_staged(const std::string& why) {
 
 asio::awaitable<void> JobLife::drain() {
   hold_ = true;
-  co_await wait_until([&] { return !gen_running_; });
+  co_await generation_idle();
   if (staged_ && !lost_pending()) co_await switch_staged();
 }
 void JobLife::release() {
@@ -247,7 +254,7 @@ void JobLife::release() {
 }
 
 asio::awaitable<nlohmann::json> JobLife::resync_generation(long k, double len) {
-  const auto generation = [&](std::size_t, std::size_t m) { return d_.stages()[m].kind == StageKind::generate; };
+  const std::function<bool(std::size_t, std::size_t)> generation = [&](std::size_t, std::size_t m) { return d_.stages()[m].kind == StageKind::generate; };
   json out = co_await sync_in_place(generation, k, len);
   gen_version_ = trained_;
   out["version"] = trained_;
@@ -256,7 +263,7 @@ asio::awaitable<nlohmann::json> JobLife::resync_generation(long k, double len) {
 
 asio::awaitable<void> JobLife::recover_async(long k, double len) {
   hold_ = true;
-  co_await wait_until([&] { return !gen_running_; });
+  co_await generation_idle();
   if (staged_) co_await drop_staged("a node was lost before it switched in");
   json versions = json::object();
   for (std::size_t m = 0; m < d_.stages().size(); ++m)

@@ -455,6 +455,7 @@ class JobLife {
   };
   bool lost_pending() const { return d_.lost().size() > handled_.size(); }
   asio::awaitable<void> wait_until(std::function<bool()> ready);
+  asio::awaitable<void> generation_idle();  ///< until no generation step runs
   asio::awaitable<void> run_async(long n, const std::optional<GlobalPlan>& forced);
   /// Generation step j starts once its weights are at most max_staleness versions behind
   /// step j − 1's (the trainer's at the time), and never while the training stream drains

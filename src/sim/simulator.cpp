@@ -22,10 +22,6 @@ namespace {
 // A failed step restarts the job: processes, NCCL communicators, model loading code. A
 // minute is the order a Megatron or OpenRLHF relaunch takes before it reads checkpoints.
 constexpr double kRestartSeconds = 60;
-// While a transition runs beside a step, its copies share links with the stages'
-// collectives: taken as half the link (the stages' own share is not tracked). Copies the
-// next step's generation waits for run alone: nothing else runs until they are done.
-constexpr double kSharedLinkSlowdown = 2;
 
 std::string short_plan(const JobSpec& job, const GlobalPlan& p) {
   std::string s;
@@ -37,6 +33,25 @@ std::string short_plan(const JobSpec& job, const GlobalPlan& p) {
       s += "e" + std::to_string(c.layout.ep) + "/" + std::to_string(c.layout.expert_tp());
   }
   return s;
+}
+
+/// A model-stage whose every unit had a GPU that left the pool reloads from a checkpoint:
+/// each GPU of its new units reads its resident state at its share of the node's NICs.
+double reload_seconds(GroundTruth& truth, const JobSpec& job, const GlobalPlan& from, const GlobalPlan& to, int gpus,
+                      const TruthLoad& load) {
+  const std::vector<Collection> before = plan_collections(job, from);
+  double out = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    const bool lost = std::all_of(before[i].units.begin(), before[i].units.end(), [&](const Emu& e) {
+      return std::any_of(e.gpus.begin(), e.gpus.end(), [&](DeviceId d) { return d >= gpus; });
+    });
+    if (!lost) continue;
+    const ModelStage s = model_stages(job)[i];
+    const CollectionSpec& spec = *to.find(s.name());
+    const TruthLayout l{spec.layout.tp, spec.layout.pp, spec.dp, false, spec.layout.ep, spec.layout.expert_tp()};
+    out = std::max(out, double(truth.memory(s.model->config(), s.kind, l, load).resident) / truth.checkpoint_bytes_per_second());
+  }
+  return out;
 }
 
 TruthLoad load_of(const JobSpec& job, const TraceStep& t) {
@@ -254,11 +269,6 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
   ControllerOptions control = options.controller;
   control.beside_steps = options.overlap;
   Controller ctl(job, cluster, control);
-  // Transitions' true time: their graphs with the truth's link efficiencies.
-  ClusterSpec links = cluster;
-  links.intra_node_gbps *= truth.intra_efficiency();
-  links.inter_node_gbps *= truth.inter_efficiency();
-  const Controller mover(job, links, options.controller);
   const auto stages = model_stages(job);
   auto signals = [&](std::size_t k, std::size_t seen) {
     // The pool is known before step k; lengths and link speed only from the last step run.
@@ -296,15 +306,21 @@ SimulationResult simulate(const ClusterSpec& cluster, const JobSpec& job, const 
         rec.decision = (d.admitted ? "switch: " : d.blocked ? "blocked: " : "stay: ") + d.why;
       }
       if (d.admitted) {
-        const TransitionGraph g = mover.transition(plan, d.target, seen);
-        if (d.urgent || !options.overlap || job.async) {
+        // The graph the runtime would run (which bytes move where), timed by the truth.
+        const TransitionGraph g = ctl.transition(plan, d.target, seen);
+        const TruthLoad now = load_of(job, trace[k]);
+        const double reload = reload_seconds(truth, job, plan, d.target, trace[k].gpus, now);
+        TruthTransitionOptions o;
+        o.link_slowdown = trace[k].link_slowdown;
+        if (d.urgent || !options.overlap || job.async || reload > 0) {
           // The current plan cannot run this step (or transitions run at boundaries, or
           // the job is async and drains both streams for it): the transition runs first,
           // in the open.
-          rec.transition_seconds = rec.exposed_seconds = before = g.summary.l_tran_seconds;
+          rec.transition_seconds = rec.exposed_seconds = before = truth.run_transition(g, job, o).span + reload;
         } else {
-          BesideSteps beside =
-              beside_steps(g, job, -(previous.unhindered_seconds - previous.generation_done), kSharedLinkSlowdown);
+          o.beside = true;
+          o.early = -(previous.unhindered_seconds - previous.generation_done);
+          TruthTransition beside = truth.run_transition(g, job, o);
           release = std::move(beside.ready);
           rec.transition_seconds = beside.span;
         }

@@ -1,7 +1,9 @@
 #pragma once
 // The simulator's ground truth: how long a model-stage really runs and how much memory it
 // really takes on a virtual GPU cluster. Written apart from the cost model on purpose —
-// this header and its source include nothing from control/ or plan/ (a test checks), and
+// this header and its source include nothing from control/ or plan/ (a test checks; the
+// transitions' truth, truth_transition.cpp, reads plan/ for which bytes move where, and
+// nothing of control/), and
 // they account per layer and per kernel where the cost model counts per op class:
 //   - GEMMs by tile and wave quantization of their per-GPU shapes (M×N×K in tiles 128
 //     wide and 16–128 tall over the GPU's SMs), bounded below by reading their operands
@@ -22,10 +24,13 @@
 //     times a trained router's skew, and an all-to-all dispatch and combine;
 //   - stragglers: lognormal jitter per replica and an occasional slow replica;
 //   - copies between GPUs (an async job's weight updates): each GPU's NVLink ports and
-//     each node's NICs at their achieved rates, a per-message cost, jitter.
+//     each node's NICs at their achieved rates, a per-message cost, jitter;
+//   - transitions (run_transition): the graph's builds as flows sharing those links
+//     max-min fairly, event by event, with contention from the stages beside them.
 // The constants are published or typical figures (named where they are set), never tuned
 // to make a policy win.
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +39,8 @@
 #include "nereus/core/job.hpp"
 
 namespace nereus {
+
+struct TransitionGraph;  // plan/transition_graph.hpp: what a transition moves
 
 /// How one model-stage runs: the truth's own view of a candidate. A mixture-of-experts
 /// unit runs ep attention replicas, each on its share of the sequences, and spreads the
@@ -60,6 +67,21 @@ struct TruthFlow {
   int src = 0, dst = 0;
   std::uint64_t bytes = 0;
   std::uint64_t messages = 0;
+};
+
+/// How a transition graph runs (GroundTruth::run_transition).
+struct TruthTransitionOptions {
+  /// Beside the steps, as the runtime runs it: a role that trains moves from the step
+  /// boundary (its optimizer state changes until then), frozen models' units from `early`
+  /// (≤ 0: seconds before the boundary), and transfers share their links with the stages
+  /// running then. Otherwise the graph runs alone, from 0.
+  bool beside = false;
+  double early = 0;
+  double link_slowdown = 1;
+};
+struct TruthTransition {
+  double span = 0;                      ///< first node's start to last node's end
+  std::map<std::string, double> ready;  ///< model-stage → when its last new unit is built (from the boundary)
 };
 
 /// One stage's truth on the busiest GPU of a replica.
@@ -93,6 +115,11 @@ class GroundTruth {
   /// slowest of every GPU's NVLink sends and receives, every node's NIC traffic out and in,
   /// plus each GPU's messages one after another, times a lognormal jitter.
   double copy_seconds(const std::vector<TruthFlow>& flows, double link_slowdown);
+  /// A transition graph as it runs on the cluster (truth_transition.cpp): the plan's
+  /// transfers of each build as flows sharing the links, per-message setup, contention
+  /// with the stages beside it, jitter. Reads nothing of the cost model (not the nodes'
+  /// estimated times either).
+  TruthTransition run_transition(const TransitionGraph& g, const JobSpec& job, const TruthTransitionOptions& o);
   /// Bytes per second one GPU reads a checkpoint at (its share of the node's NICs).
   double checkpoint_bytes_per_second() const;
 
