@@ -111,6 +111,18 @@ def stuck_parts(metrics_addr, settle=0):
     return int(m.group(1)) if m else -1
 
 
+def thread_names(pid):
+    """The names of a process's threads (one that ends meanwhile is left out)."""
+    out = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                out.append(f.read().strip())
+        except OSError:
+            pass
+    return sorted(out)
+
+
 def step1(report):
     """A job report's first step."""
     return (report.get("steps") or [{}])[0]
@@ -390,15 +402,20 @@ try:
     # session's helper and copy threads lived as long as the session (until 2026-12-07),
     # which for the coordinator's own node part ends after the job has answered. No thread
     # may remain; the last client's socket may still be closing.
+    # If this ever fails again, the message says what stayed: the threads' names, whether
+    # a job part was left stuck on purpose (a build that would not stop keeps its threads;
+    # nereus_stuck_parts), and the jobs' own results (a node falsely lost under load).
     threads = len(os.listdir(f"/proc/{coord.p.pid}/task"))
     fds = len(os.listdir(f"/proc/{coord.p.pid}/fd"))
-    for _ in range(4):
-        cluster_job(addr, "--steps", "1")
-    threads_after = len(os.listdir(f"/proc/{coord.p.pid}/task"))
+    results = [cluster_job(addr, "--steps", "1") for _ in range(4)]
+    names = thread_names(coord.p.pid)
+    threads_after = len(names)
     fds_after = len(os.listdir(f"/proc/{coord.p.pid}/fd"))
     print(f"coordinator after 4 more jobs: threads {threads} -> {threads_after}, fds {fds} -> {fds_after}", flush=True)
     check(threads_after <= threads and fds_after < fds + 4,
-          f"4 more jobs leave no thread or descriptor per job in the coordinator (threads {threads} -> {threads_after}, fds {fds} -> {fds_after})")
+          f"4 more jobs leave no thread or descriptor per job in the coordinator (threads {threads} -> {threads_after} {names}, "
+          f"fds {fds} -> {fds_after}; stuck parts {stuck_parts(metrics)}; jobs' rc {[r[0] for r in results]}, "
+          f"failures {[r[1].get('failures') for r in results if r[1].get('failures')]})")
     check(rc == 0 and j.get("verified") is True and "decision" in step1(j) and j.get("plan"),
           f"cluster job: the controller's plan loads, it decides ({step1(j).get('decision', {}).get('why')}), every unit verifies ({err.strip()[-300:]})")
     # From a plan on two GPUs, responses 32x longer: the controller admits a better plan.

@@ -39,9 +39,9 @@ asio::awaitable<void> JobLife::generation_stream(long n) {
   for (long j = 1; j <= n; ++j) {
     // std::function rather than a lambda's own type: coroutine frames keep these, and
     // JobLife is shared by two sources (a lambda's type has no linkage).
-    const std::function<bool()> may_start = [&] { return gen_stop_ || (!hold_ && !lost_pending() && gen_version_ >= j - 1 - s); };
+    const std::function<bool()> may_start = [&] { return gen_stop_ || (hold_ == 0 && !lost_pending() && gen_version_ >= j - 1 - s); };
     while (!may_start()) {
-      if (!hold_ && !lost_pending() && !waiting_version_) {  // standing still for the next version only
+      if (hold_ == 0 && !lost_pending() && !waiting_version_) {  // standing still for the next version only
         waiting_version_ = true;
         waiting_since_ = clock::now();
       }
@@ -71,7 +71,7 @@ asio::awaitable<void> JobLife::generation_stream(long n) {
            {"seconds", std::chrono::duration<double>(clock::now() - t0).count()}};
     if (d_.lost().size() != lost_before) e["lost_node"] = true;  // it calibrates nothing
     generated_[j] = {std::move(reports), std::move(e)};
-    if (staged_ && !hold_ && !lost_pending()) {
+    if (staged_ && hold_ == 0 && !lost_pending()) {
       try {
         co_await switch_staged();
       } catch (...) {
@@ -205,7 +205,7 @@ asio::awaitable<void> JobLife::build_update(long k) {
     staged_.reset();
     co_return;
   }
-  if (!gen_running_ && !hold_) co_await switch_staged();
+  if (!gen_running_ && hold_ == 0) co_await switch_staged();
 }
 
 asio::awaitable<void> JobLife::switch_staged() {
@@ -244,12 +244,12 @@ asio::awaitable<void> JobLife::drop_staged(const std::string& why) {
 }
 
 asio::awaitable<void> JobLife::drain() {
-  hold_ = true;
+  ++hold_;
   co_await generation_idle();
   if (staged_ && !lost_pending()) co_await switch_staged();
 }
 void JobLife::release() {
-  hold_ = false;
+  --hold_;
   d_.changed().notify();
 }
 
@@ -262,7 +262,7 @@ asio::awaitable<nlohmann::json> JobLife::resync_generation(long k, double len) {
 }
 
 asio::awaitable<void> JobLife::recover_async(long k, double len) {
-  hold_ = true;
+  ++hold_;
   co_await generation_idle();
   if (staged_) co_await drop_staged("a node was lost before it switched in");
   json versions = json::object();

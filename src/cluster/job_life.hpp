@@ -327,7 +327,10 @@ class JobLife {
         co_return json{{"builds", builds}, {"link_bytes", between}, {"local_bytes", inside},
                        {"seconds", std::chrono::duration<double>(clock::now() - t0).count()}};
       if (d_.lost().size() == lost) throw Error("weight sync: " + error);
-      co_await recover(k, len);
+      if (d_.job().async)
+        co_await recover_async(k, len);  // generation drains first: it may be running beside this sync
+      else
+        co_await recover(k, len);
     }
   }
 
@@ -472,7 +475,8 @@ class JobLife {
   /// Frees the units of an update that will not switch in.
   asio::awaitable<void> drop_staged(const std::string& why);
   /// Stops generation from starting steps and waits for the one running; an update staged
-  /// meanwhile switches in. release() lets generation go on.
+  /// meanwhile switches in. release() lets generation go on (drains nest: a recovery may
+  /// run inside another's weight sync).
   asio::awaitable<void> drain();
   void release();
   /// Every generation unit rebuilt in place from the trainer's units: version trained_.
@@ -503,7 +507,8 @@ class JobLife {
   std::int64_t gen_version_ = 0;  // the version the current generation units hold
   long trained_ = 0;              // training steps done: the trainer's units hold version trained_
   std::map<long, std::pair<std::vector<std::pair<int, StepDone>>, json>> generated_;  // generation steps answered, not yet trained on
-  bool gen_running_ = false, gen_stop_ = false, hold_ = false;
+  bool gen_running_ = false, gen_stop_ = false;
+  int hold_ = 0;  // drains in progress (a recovery may run inside another's weight sync)
   bool waiting_version_ = false;  // generation stands still for the next version only, since waiting_since_
   clock::time_point waiting_since_{};
   std::exception_ptr gen_error_;
