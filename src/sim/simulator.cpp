@@ -1,6 +1,6 @@
 // The simulator's replay loop: the real controller decides, the ground truth runs steps,
-// transitions run on the transition graph with the truth's link efficiencies and hide
-// behind the steps as the job runtime lets them, and failed steps cost what a real
+// the truth runs the admitted transition graphs (its own link model, beside the steps as
+// the job runtime lets them, truth_transition.cpp), and failed steps cost what a real
 // failure costs. Every policy is scored by the same loop.
 #include "nereus/sim/simulator.hpp"
 
