@@ -18,6 +18,8 @@ RETIRED = [
     (r"a C\+\+ program that plans, runs", "examples/embed holds two C++ programs"),
     (r"a drift trace growing to 1,024", "examples/traces holds five traces"),
     (r"only its stages exist", "ReMax's stages run in the job runtime and the simulator"),
+    (r"Member`? run lockstep jobs only", "async jobs run across daemons with nereus.Member frameworks (2026-12-08)"),
+    (r"run on their graph with the truth's link\s+efficiencies", "the truth times transitions with its own model (2026-12-08)"),
 ]
 # Files that may name the design folder: the optional presets check and its environment.
 MAY_NAME_SHARED = {"tests/test_core.cpp", "tests/meson.build", "tests/test_retired_claims.py"}
